@@ -1,0 +1,69 @@
+# sglang-fleet: one-command set-up, tests and demo. Run as root on Debian 12.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        ?= .venv
+PYTHON      ?= python3
+BIN         := $(abspath $(VENV))/bin
+CACHE       ?= $(HOME)/.cache/sglang-fleet
+export SGLANG_FLEET_CACHE := $(CACHE)
+export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
+# Molecule, ansible-lint and the tests find ansible-* and python on PATH.
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(abspath ansible.cfg)
+
+SCENARIOS   ?= default
+PYTEST_ARGS ?=
+
+.PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean
+
+help:
+	@echo "make demo        set up, start a demo fleet of simulated GPU hosts, deploy, retune"
+	@echo "make test        set up, then lint, unit tests and every Molecule scenario"
+	@echo "make setup       apt packages, virtualenv, collections, test-host image"
+	@echo "make lint | unit | molecule [SCENARIOS='default ...']"
+	@echo "make demo-clean  remove the demo fleet"
+
+setup: apt venv collections image
+
+apt:
+	@tools/setup/apt-packages.sh
+
+$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt client/pyproject.toml tests/doubles/gpusim/pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -c requirements/constraints.txt
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -e client -e tests/doubles/gpusim
+	@touch $@
+	@echo "virtualenv ready: $(VENV)"
+
+venv: $(VENV)/.installed
+
+collections: venv
+	@tools/setup/collections.sh $(BIN)/python .cache/collections
+
+image: apt
+	@tools/testhost/build-image.sh
+
+lint: venv collections
+	@$(BIN)/ruff check .
+	@$(BIN)/ruff format --check --quiet . || { echo "ruff format: files need formatting (run: $(BIN)/ruff format .)"; exit 1; }
+	@$(BIN)/ansible-lint --profile production --offline -q
+
+unit: venv collections
+	@$(BIN)/pytest -q -n 2 $(PYTEST_ARGS)
+
+molecule: venv collections image
+	@set -e; for s in $(SCENARIOS); do echo "--- molecule scenario: $$s"; $(BIN)/molecule test -s $$s; done
+
+test:
+	@tools/stages.sh setup lint unit molecule
+
+demo: setup
+	@$(BIN)/ansible-playbook playbooks/demo.yml
+
+demo-clean:
+	@$(BIN)/ansible-playbook playbooks/demo_clean.yml
+
+clean: demo-clean
+	rm -rf $(VENV) .cache

@@ -1,0 +1,137 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Action plugin sglang_ops.fleet.retune: kill, prove dead, prove GPU memory free, relaunch,
+prove healthy; idempotent, check and diff mode, canary then waves, rollback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Options, Retune
+
+display = Display()
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "instances": {"type": "list", "elements": "dict", "required": True},
+    "wave_size": {"type": "int", "default": 0},
+    "canary": {"type": "raw", "default": True},
+    "stop_timeout": {"type": "float", "default": 120.0},
+    "kill_timeout": {"type": "float", "default": 10.0},
+    "release_timeout": {"type": "float", "default": 300.0},
+    "release_threshold_mib": {"type": "int", "default": 1024},
+    "start_timeout": {"type": "float", "default": 1800.0},
+    "health_timeout": {"type": "float", "default": 120.0},
+    "min_max_running_requests": {"type": "int"},
+    "smoke_requests": {"type": "int", "default": 2},
+    "rollback": {"type": "bool", "default": True},
+    "force": {"type": "bool", "default": False},
+    "only": {"type": "list", "elements": "str"},
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "devices_dir": {"type": "path", "default": "/dev"},
+    "secrets_file": {"type": "path", "default": "/etc/sglang-fleet/secrets.env"},
+    "state_dir": {"type": "path", "default": "/var/lib/sglang-fleet"},
+    "desired_dir": {"type": "path", "default": "/etc/sglang-fleet/instances"},
+    "poll_interval": {"type": "float", "default": 0.5},
+    "http_timeout": {"type": "float", "default": 30.0},
+    "pct": {"type": "str", "default": "pct"},
+}
+
+PHASE_MODULE = "sglang_ops.fleet.retune_phase"
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _requires_connection = True
+
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        del tmp
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        problems = _check_args(args)
+        if problems:
+            result.update(failed=True, msg="invalid arguments: " + "; ".join(problems))
+            return result
+        instances = list(args["instances"])
+        if args.get("only"):
+            unknown = sorted(set(args["only"]) - {i["name"] for i in instances})
+            if unknown:
+                result.update(failed=True, msg=f"only: unknown instance(s) {unknown}")
+                return result
+            instances = [i for i in instances if i["name"] in args["only"]]
+        options = Options(
+            wave_size=args["wave_size"],
+            canary=args["canary"],
+            stop_timeout=args["stop_timeout"],
+            kill_timeout=args["kill_timeout"],
+            release_timeout=args["release_timeout"],
+            release_threshold_mib=args["release_threshold_mib"],
+            start_timeout=args["start_timeout"],
+            health_timeout=args["health_timeout"],
+            min_max_running_requests=args["min_max_running_requests"],
+            smoke_requests=args["smoke_requests"],
+            rollback=args["rollback"],
+            force=args["force"],
+            agent={
+                "nvidia_smi": args["nvidia_smi"],
+                "devices_dir": args["devices_dir"],
+                "secrets_file": args["secrets_file"],
+                "state_dir": args["state_dir"],
+                "desired_dir": args["desired_dir"],
+                "poll_interval": args["poll_interval"],
+                "http_timeout": args["http_timeout"],
+            },
+        )
+        managed = [{"unit": i["unit"], "container": i.get("container")} for i in args["instances"]]
+
+        def run_phase(op: str, phase_instances: list[dict[str, Any]], phase_options: dict[str, Any]) -> dict[str, Any]:
+            display.vvv(
+                f"retune: {op} on {[i['name'] for i in phase_instances]}", host=task_vars.get("inventory_hostname")
+            )
+            return self._execute_module(
+                module_name=PHASE_MODULE,
+                module_args={
+                    "op": op,
+                    "instances": phase_instances,
+                    "options": phase_options,
+                    "managed_units": managed,
+                    "pct": args["pct"],
+                },
+                task_vars=task_vars,
+            )
+
+        retune = Retune(instances, options, run_phase, check_mode=bool(self._task.check_mode))
+        outcome = retune.run()
+        result.update(outcome)
+        if not self._task.diff:
+            result.pop("diff", None)
+        return result
+
+
+def _check_args(args: dict[str, Any]) -> list[str]:
+    problems = []
+    for key in ("stop_timeout", "kill_timeout", "release_timeout", "start_timeout", "health_timeout", "poll_interval"):
+        if args[key] <= 0:
+            problems.append(f"{key} must be > 0")
+    if args["wave_size"] < 0:
+        problems.append("wave_size must be >= 0 (0: all remaining instances in one wave)")
+    if args["smoke_requests"] < 0:
+        problems.append("smoke_requests must be >= 0")
+    if not isinstance(args["canary"], (bool, str)):
+        problems.append("canary must be a boolean or an instance name")
+    names = [i.get("name") for i in args["instances"]]
+    for i, inst in enumerate(args["instances"]):
+        missing = [k for k in ("name", "unit", "gpus", "port", "argv", "fingerprint") if k not in inst]
+        if missing:
+            problems.append(
+                f"instances[{i}] lacks {missing} (pass the resolved instances of sglang_ops.fleet.server_validate)"
+            )
+    if len(set(names)) != len(names):
+        problems.append(f"instance names are not unique: {names}")
+    if isinstance(args["canary"], str) and args["canary"] not in names:
+        problems.append(f"canary {args['canary']!r} is not one of the instances {names}")
+    return problems

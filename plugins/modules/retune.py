@@ -1,0 +1,190 @@
+#!/usr/bin/python
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+# Documentation of the sglang_ops.fleet.retune action plugin (the work is done on the controller
+# by plugins/action/retune.py, which runs sglang_ops.fleet.retune_phase on the host).
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: retune
+short_description: Relaunch SGLang instances with new settings, proving each step
+description:
+  - Compares each instance of the host with its desired settings, as the running server itself
+    reports them (its command line and environment, C(/server_info), C(/health)), and leaves
+    unchanged instances untouched.
+  - For each instance to change, in a canary and then waves of O(wave_size) instances in parallel -
+    B(stop) the unit with a deadline (SIGKILL of its cgroup after O(stop_timeout));
+    B(prove it dead) - its cgroup empty, no process holding its GPUs (open C(/dev/nvidiaN) handles,
+    and nvidia-smi's compute apps where their PIDs mean something) or listening on its port; the
+    instance's own survivors (its cgroup, or SGLang processes on its GPUs or port, such as a
+    detached scheduler) are killed by PID with escalation, anything else fails the instance
+    closed, naming the process; nothing is ever killed by a name pattern;
+    B(prove its GPU memory free) - memory.used of each of its GPUs at or below
+    O(release_threshold_mib), polled until O(release_timeout) (correct inside LXC);
+    B(relaunch) it and B(prove it healthy) - a new main PID and invocation, C(/health) 200,
+    C(/server_info) reporting exactly the desired settings, its effective max running requests at
+    least O(min_max_running_requests), and O(smoke_requests) real completions answered.
+  - If the new settings fail (crash at start, start deadline, settings mismatch, failed
+    completions), the last good settings (kept on the host) are relaunched and verified the same
+    way, and the task fails saying what happened. A failure stops the remaining waves; instances
+    not reached keep running as they were. An instance is never left down without the result
+    saying so (RV(down)).
+  - Evidence is never inferred from silence - nvidia-smi missing, hanging or unparsable, or a host
+    unreachable mid-way fails the instance closed, quoting what was run and what came back.
+  - One module execution per host per phase gathers what the phase needs for all instances.
+version_added: 0.1.0
+author: sglang-fleet contributors
+options:
+  instances:
+    description:
+      - The host's resolved instances, as returned by M(sglang_ops.fleet.server_validate)
+        (name, unit, gpus, port, container, argv, env, expected_server_info, fingerprint).
+    type: list
+    elements: dict
+    required: true
+  only:
+    description: Limit the retune to these instance names.
+    type: list
+    elements: str
+  wave_size:
+    description: Instances relaunched in parallel per wave after the canary; C(0) means all the rest at once.
+    type: int
+    default: 0
+  canary:
+    description:
+      - Relaunch one instance alone first - C(true) the first to change, or an instance name;
+        C(false) for none.
+    type: raw
+    default: true
+  stop_timeout:
+    description: Seconds for the unit to stop (the drain) before its cgroup is SIGKILLed.
+    type: float
+    default: 120
+  kill_timeout:
+    description: Seconds to wait after each signal of an escalation.
+    type: float
+    default: 10
+  release_timeout:
+    description: Seconds for the GPU memory to fall to O(release_threshold_mib) after the processes are gone.
+    type: float
+    default: 300
+  release_threshold_mib:
+    description: memory.used (MiB) at or below which a GPU counts as released.
+    type: int
+    default: 1024
+  start_timeout:
+    description: Seconds from start until C(/health) answers 200 (model load).
+    type: float
+    default: 1800
+  health_timeout:
+    description: Timeout (seconds) of each verification request after the instance is up.
+    type: float
+    default: 120
+  min_max_running_requests:
+    description: Fail (and roll back) if the effective max running requests per DP rank is below this.
+    type: int
+  smoke_requests:
+    description: Real completions each relaunched instance must answer.
+    type: int
+    default: 2
+  rollback:
+    description: Relaunch the last good settings when the new ones fail.
+    type: bool
+    default: true
+  force:
+    description: Relaunch instances even when unchanged.
+    type: bool
+    default: false
+  nvidia_smi:
+    description: The nvidia-smi command on the host (or inside the container).
+    type: str
+    default: nvidia-smi
+  devices_dir:
+    description: Where the C(nvidiaN) device nodes are.
+    type: path
+    default: /dev
+  secrets_file:
+    description: Root-only environment file holding C(SGLANG_API_KEY) (read on the host, never sent back).
+    type: path
+    default: /etc/sglang-fleet/secrets.env
+  state_dir:
+    description: Where the last good settings are kept on the host.
+    type: path
+    default: /var/lib/sglang-fleet
+  desired_dir:
+    description: Where the server role records each instance's desired settings on the host.
+    type: path
+    default: /etc/sglang-fleet/instances
+  poll_interval:
+    description: Seconds between polls (unit state, GPU memory, health).
+    type: float
+    default: 0.5
+  http_timeout:
+    description: Timeout of each C(/health) and C(/server_info) request.
+    type: float
+    default: 30
+  pct:
+    description: The C(pct) command on a Proxmox node.
+    type: str
+    default: pct
+attributes:
+  check_mode:
+    support: full
+    details: Inspects and reports what would be done; nothing is stopped, started or written.
+  diff_mode:
+    support: full
+    details: The running command line against the desired one, per instance to change.
+  action:
+    support: full
+seealso:
+  - module: sglang_ops.fleet.server_validate
+  - module: sglang_ops.fleet.retune_phase
+"""
+
+EXAMPLES = r"""
+- name: Retune the instances of each host
+  sglang_ops.fleet.retune:
+    instances: "{{ sglang_server_resolved.instances }}"
+    wave_size: 2
+    min_max_running_requests: 32
+  register: retune
+
+- name: Show what would change, touching nothing
+  sglang_ops.fleet.retune:
+    instances: "{{ sglang_server_resolved.instances }}"
+  check_mode: true
+  diff: true
+"""
+
+RETURN = r"""
+changed:
+  description: Whether any instance was (or, in check mode, would be) relaunched or started.
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds the retune took.
+  returned: always
+  type: float
+instances:
+  description:
+    - Per instance - C(action) (unchanged, relaunched, started, rolled_back, failed, skipped; in
+      check mode would_relaunch, would_start), C(reasons), C(state) (running, stopped, down,
+      unverified), C(old_main_pid), C(new_main_pid), C(gpu_memory_before_mib),
+      C(gpu_memory_released_mib), C(time_to_dead_s), C(time_to_release_s), C(time_to_healthy_s),
+      C(effective_max_running_requests_before), C(effective_max_running_requests_after),
+      C(flag_diff), C(killed) (PIDs signalled, with their command lines), C(escalated), C(msg).
+  returned: always
+  type: list
+  elements: dict
+down:
+  description: Instances left down (their GPUs idle) - the operator must act.
+  returned: when any
+  type: list
+  elements: str
+round_trips:
+  description: Module executions on the host per phase.
+  returned: always
+  type: dict
+"""

@@ -1,0 +1,122 @@
+#!/usr/bin/python
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""One phase of a retune, for every given instance of a host at once."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: retune_phase
+short_description: Run one phase of an SGLang instance retune on a host
+description:
+  - Internal to the M(sglang_ops.fleet.retune) action plugin, which calls it once per host per
+    phase. Usable on its own to inspect instances (O(op=inspect) changes nothing).
+  - Gathers or acts on all the given instances in one execution, on the host itself or inside
+    the Proxmox LXC containers that hold them (through C(pct exec)).
+version_added: 0.1.0
+author: sglang-fleet contributors
+options:
+  op:
+    description:
+      - C(inspect) reports unit state, main PID and invocation, the running command line and
+        environment, /health, /server_info, GPU memory and recorded state.
+      - C(stop) stops the units and proves the instances dead, killing the instances' own
+        survivors by PID.
+      - C(release) waits until the GPU memory of the instances is released.
+      - C(start) starts the units and proves a new, healthy process serving the expected settings.
+      - C(record) records the current settings as the last good ones.
+    type: str
+    required: true
+    choices: [inspect, stop, release, start, record]
+  instances:
+    description: Resolved instances (see M(sglang_ops.fleet.server_validate)), with per-phase keys.
+    type: list
+    elements: dict
+    required: true
+  options:
+    description: Phase options (deadlines, thresholds, tool paths); see M(sglang_ops.fleet.retune).
+    type: dict
+    default: {}
+  managed_units:
+    description: Every instance unit of the host, to tell another instance's process from a foreign one.
+    type: list
+    elements: dict
+    default: []
+  pct:
+    description: The C(pct) command on a Proxmox node.
+    type: str
+    default: pct
+attributes:
+  check_mode:
+    support: partial
+    details: Only O(op=inspect) runs in check mode.
+"""
+
+EXAMPLES = r"""
+- name: Inspect the instances of a host
+  sglang_ops.fleet.retune_phase:
+    op: inspect
+    instances: "{{ sglang_server_resolved.instances }}"
+  register: facts
+"""
+
+RETURN = r"""
+instances:
+  description: Per-instance results of the phase, keyed by instance name.
+  returned: always
+  type: dict
+containers:
+  description: Host-level evidence (GPU table, nvidia-smi errors) per container (C(host) for a bare host).
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils._pct import group_by_container, run_agent
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "op": {
+                "type": "str",
+                "required": True,
+                "choices": ["inspect", "stop", "release", "start", "record"],
+            },
+            "instances": {"type": "list", "elements": "dict", "required": True},
+            "options": {"type": "dict", "default": {}},
+            "managed_units": {"type": "list", "elements": "dict", "default": []},
+            "pct": {"type": "str", "default": "pct"},
+        },
+        supports_check_mode=True,
+    )
+    op = module.params["op"]
+    if module.check_mode and op != "inspect":
+        module.fail_json(msg=f"op={op} changes the host and cannot run in check mode")
+    groups = group_by_container(module.params["instances"])
+    managed = group_by_container(module.params["managed_units"])
+    merged: dict = {"instances": {}, "containers": {}}
+    failures = []
+    for container, instances in groups.items():
+        request = dict(module.params["options"])
+        request.update(op=op, instances=instances, managed_units=[m["unit"] for m in managed.get(container, [])])
+        result = run_agent(request, container, module.params["pct"])
+        key = "host" if container is None else str(container)
+        if result.get("failed"):
+            failures.append(f"{key}: {result.get('msg')}")
+            for inst in instances:
+                merged["instances"][inst["name"]] = {"failed": True, "msg": result.get("msg")}
+            merged["containers"][key] = {"failed": True, "msg": result.get("msg")}
+            continue
+        merged["instances"].update(result.get("instances", {}))
+        merged["containers"][key] = {k: v for k, v in result.items() if k != "instances"}
+    changed = op in ("stop", "start", "record")
+    if failures:
+        module.fail_json(msg="; ".join(failures), changed=changed, **merged)
+    module.exit_json(changed=changed, **merged)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,515 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Controller-side logic of a retune: decide, plan waves, run the phases, roll back, report.
+
+Nothing here talks to a host directly: the phases are run through a ``PhaseRunner`` callable
+(one module execution per host per phase, provided by the action plugin), so the whole flow is
+unit-tested with a fake runner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import (
+    argv_diff,
+    compare_server_info,
+)
+
+UNCHANGED = "unchanged"
+RELAUNCHED = "relaunched"
+STARTED = "started"
+ROLLED_BACK = "rolled_back"
+FAILED = "failed"
+SKIPPED = "skipped"
+# Predictions in check mode.
+WOULD_RELAUNCH = "would_relaunch"
+WOULD_START = "would_start"
+
+PhaseRunner = Callable[[str, list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
+
+
+class PhaseError(Exception):
+    """A phase could not run at all (host unreachable, module failure): no evidence."""
+
+    def __init__(self, op: str, msg: str, result: Mapping[str, Any] | None = None):
+        self.op = op
+        self.result = dict(result or {})
+        super().__init__(f"{op} phase failed: {msg}")
+
+
+@dataclass
+class Decision:
+    name: str
+    action: str  # UNCHANGED, "relaunch", "start" or "blocked"
+    reasons: list[str] = field(default_factory=list)
+    flag_diff: dict[str, Any] = field(default_factory=dict)
+
+
+def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bool) -> Decision:
+    """Is this instance serving its desired settings? Unchanged means running, healthy and
+    reporting the desired settings itself (its command line, its environment, its own
+    /server_info), not merely an unchanged unit file."""
+    name = instance["name"]
+    if facts.get("failed"):
+        return Decision(name, "blocked", [f"no usable evidence: {facts.get('msg')}"])
+    foreign = facts.get("foreign") or []
+    if foreign:
+        return Decision(
+            name,
+            "blocked",
+            [
+                "a process that is not this instance's holds its GPU or port: "
+                + "; ".join(f"PID {p['pid']} ({p['cmdline']}) {p['reason']}" for p in foreign)
+            ],
+        )
+    if not check_mode and facts.get("installed_fingerprint") != instance.get("fingerprint"):
+        return Decision(
+            name,
+            "blocked",
+            [
+                "the desired state installed on the host does not match the inventory "
+                f"(installed {facts.get('installed_fingerprint')}, inventory {instance.get('fingerprint')}): "
+                "apply the server role first (retune.yml does)"
+            ],
+        )
+    if not facts.get("running"):
+        state = f"{facts.get('active_state') or 'unknown'}/{facts.get('sub_state') or 'unknown'}"
+        return Decision(name, "start", [f"not running (unit {state})"])
+    reasons: list[str] = []
+    diff: dict[str, Any] = {}
+    if facts.get("health_status") != 200:
+        reasons.append(f"unhealthy: /health answered {facts.get('health_status') or facts.get('health_error')}")
+    if not facts.get("argv_matches"):
+        diff = argv_diff(list(facts.get("argv") or []), list(instance["argv"]))
+        reasons.append("command line differs: " + describe_flag_diff(diff))
+    env_bad = facts.get("env_mismatches") or {}
+    if env_bad:
+        reasons.append(
+            "environment differs: " + ", ".join(f"{k}={v['running']!r}→{v['expected']!r}" for k, v in env_bad.items())
+        )
+    want_user = instance.get("user")
+    if want_user and facts.get("user") and facts.get("user") != want_user:
+        reasons.append(f"runs as {facts.get('user')}, desired {want_user}")
+    if facts.get("server_info_status") != 200:
+        reasons.append(
+            f"cannot confirm its settings: /server_info answered {facts.get('server_info_status')} "
+            f"({facts.get('server_info_error')})"
+        )
+    else:
+        mismatches = compare_server_info(instance.get("expected_server_info") or {}, facts.get("server_info") or {})
+        if mismatches:
+            reasons.append(
+                "/server_info reports other settings: "
+                + ", ".join(f"{m['arg']}={m['reported']!r} (desired {m['expected']!r})" for m in mismatches)
+            )
+    if reasons:
+        return Decision(name, "relaunch", reasons, diff)
+    return Decision(name, UNCHANGED, [])
+
+
+def describe_flag_diff(diff: Mapping[str, Any]) -> str:
+    parts = [f"{k} {v[0]}→{v[1]}" for k, v in diff.get("changed", {}).items()]
+    parts += [f"+{k} {v}" if v is not True else f"+{k}" for k, v in diff.get("added", {}).items()]
+    parts += [f"-{k}" for k in diff.get("removed", {})]
+    return ", ".join(parts) or "(same flags, other words)"
+
+
+def plan_waves(names: list[str], canary: bool | str, wave_size: int) -> list[list[str]]:
+    """The canary alone first (the named instance, or the first to change), then waves of
+    ``wave_size`` (0: all the rest at once)."""
+    rest = list(names)
+    if not rest:
+        return []
+    waves: list[list[str]] = []
+    if canary:
+        first = canary if isinstance(canary, str) and canary in rest else rest[0]
+        rest.remove(first)
+        waves.append([first])
+    size = wave_size if wave_size > 0 else max(len(rest), 1)
+    waves += [rest[i : i + size] for i in range(0, len(rest), size)]
+    return waves
+
+
+def _state_words(state: str) -> str:
+    if state == "unverified":
+        return "instance is UP but NOT VERIFIED (serving settings that failed their checks)"
+    return "instance is DOWN"
+
+
+def mib(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(values or {})
+
+
+@dataclass
+class Options:
+    wave_size: int = 0
+    canary: bool | str = True
+    stop_timeout: float = 120.0
+    kill_timeout: float = 10.0
+    release_timeout: float = 300.0
+    release_threshold_mib: int = 1024
+    start_timeout: float = 1800.0
+    health_timeout: float = 120.0
+    min_max_running_requests: int | None = None
+    smoke_requests: int = 2
+    rollback: bool = True
+    force: bool = False
+    agent: dict[str, Any] = field(default_factory=dict)  # tool paths, state dirs, poll interval
+
+
+class Retune:
+    """One host's retune: inspect, decide, then per wave stop → release → start, with rollback."""
+
+    def __init__(self, instances: list[dict[str, Any]], options: Options, run_phase: PhaseRunner, check_mode: bool):
+        self.instances = {i["name"]: i for i in instances}
+        self.order = [i["name"] for i in instances]
+        self.opts = options
+        self.run_phase = run_phase
+        self.check_mode = check_mode
+        self.results: dict[str, dict[str, Any]] = {}
+        self.round_trips: dict[str, int] = {}
+        self.host_notes: list[str] = []
+
+    # -- phases -------------------------------------------------------------------------------
+
+    def _phase(
+        self,
+        op: str,
+        names: list[str],
+        extra: dict[str, Any] | None = None,
+        per_instance: Callable[[str], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        payload = []
+        for name in names:
+            inst = dict(self.instances[name])
+            if per_instance:
+                inst.update(per_instance(name))
+            payload.append(inst)
+        options = {**self.opts.agent, **(extra or {})}
+        self.round_trips[op] = self.round_trips.get(op, 0) + 1
+        result = self.run_phase(op, payload, options)
+        if result.get("unreachable") or ("instances" not in result):
+            raise PhaseError(op, result.get("msg", "no result"), result)
+        return result
+
+    # -- flow ---------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            inspected = self._phase("inspect", self.order)
+        except PhaseError as exc:
+            return self._final(t0, failed_msg=f"{exc}; nothing was changed")
+        facts = inspected["instances"]
+        decisions = {
+            n: decide(self.instances[n], facts.get(n, {"failed": True, "msg": "not inspected"}), self.check_mode)
+            for n in self.order
+        }
+        if self.opts.force:
+            for d in decisions.values():
+                if d.action == UNCHANGED:
+                    d.action, d.reasons = "relaunch", ["forced"]
+        for name in self.order:
+            self.results[name] = self._initial_result(name, facts.get(name, {}), decisions[name])
+        blocked = [n for n in self.order if decisions[n].action == "blocked"]
+        if self.check_mode:
+            return self._final(t0, failed_msg=self._blocked_msg(blocked) if blocked else None)
+        if blocked:
+            # Bad evidence or something foreign in the way: touch nothing on this host.
+            for name in self.order:
+                if name not in blocked and decisions[name].action != UNCHANGED:
+                    self.results[name].update(
+                        action=SKIPPED, msg="not touched: another instance of the host is blocked"
+                    )
+            return self._final(t0, failed_msg=self._blocked_msg(blocked))
+        to_record = [n for n in self.order if decisions[n].action == UNCHANGED and not facts[n].get("has_last_good")]
+        if to_record:
+            try:
+                self._phase("record", to_record)
+                for name in to_record:
+                    self.results[name]["recorded_last_good"] = True
+            except PhaseError as exc:
+                self.host_notes.append(f"could not record last good settings: {exc}")
+        to_change = [n for n in self.order if decisions[n].action in ("relaunch", "start")]
+        waves = plan_waves(to_change, self.opts.canary, self.opts.wave_size)
+        failed_msg = None
+        for index, wave in enumerate(waves):
+            ok = self._run_wave(wave, decisions)
+            if not ok:
+                for later in waves[index + 1 :]:
+                    for name in later:
+                        self.results[name].update(
+                            action=SKIPPED, msg="not touched: an earlier wave failed; still running as it was"
+                        )
+                failed_msg = "retune stopped after a failed wave: " + "; ".join(
+                    f"{n}: {self.results[n].get('msg')}"
+                    for n in wave
+                    if self.results[n]["action"] in (FAILED, ROLLED_BACK)
+                )
+                break
+        return self._final(t0, failed_msg=failed_msg)
+
+    def _blocked_msg(self, blocked: list[str]) -> str:
+        return "failed closed, nothing changed on this host: " + "; ".join(
+            f"{n}: {' '.join(self.results[n]['reasons'])}" for n in blocked
+        )
+
+    def _run_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
+        stopped = self._stop_and_release(wave)
+        if not stopped:
+            return False
+        started = self._start(stopped, rollback=False)
+        failed = [n for n in stopped if n not in started]
+        for name in started:
+            self.results[name]["action"] = STARTED if decisions[name].action == "start" else RELAUNCHED
+        if failed and self.opts.rollback:
+            self._rollback(failed)
+        elif failed:
+            for name in failed:
+                r = self.results[name]
+                r.update(
+                    action=FAILED, msg=f"relaunch failed, rollback disabled: {r.get('msg')}: {_state_words(r['state'])}"
+                )
+        return not failed and len(stopped) == len(wave)
+
+    def _stop_and_release(self, names: list[str]) -> list[str]:
+        """Stop, prove dead, prove GPU memory free. Returns the instances ready to start; the
+        others are failed closed (never relaunched blindly)."""
+        try:
+            stop = self._phase(
+                "stop",
+                names,
+                {"stop_timeout": self.opts.stop_timeout, "kill_timeout": self.opts.kill_timeout},
+            )["instances"]
+        except PhaseError as exc:
+            for name in names:
+                self.results[name].update(action=FAILED, state="unknown", msg=f"{exc}: state unknown, not relaunched")
+            return []
+        dead = []
+        for name in names:
+            res = stop.get(name, {})
+            r = self.results[name]
+            if r.get("time_to_dead_s") is None:  # keep the first (the relaunch), not the rollback's
+                r["time_to_dead_s"] = res.get("time_to_dead_s")
+            r["escalated"] = r.get("escalated", False) or bool(res.get("escalated"))
+            r["killed"] = r.get("killed", []) + list(res.get("killed", []))
+            if res.get("dead"):
+                dead.append(name)
+            else:
+                r.update(
+                    action=FAILED,
+                    state="down",
+                    msg=f"not proven dead, not relaunched, instance is DOWN: {res.get('msg') or res}",
+                )
+                r["foreign"] = res.get("foreign", [])
+        if not dead:
+            return []
+        try:
+            release = self._phase(
+                "release",
+                dead,
+                {
+                    "release_timeout": self.opts.release_timeout,
+                    "threshold_mib": self.opts.release_threshold_mib,
+                },
+            )["instances"]
+        except PhaseError as exc:
+            for name in dead:
+                self.results[name].update(
+                    action=FAILED,
+                    state="down",
+                    msg=f"{exc}: GPU memory not proven free, not relaunched, instance is DOWN",
+                )
+            return []
+        ready = []
+        for name in dead:
+            res = release.get(name, {})
+            r = self.results[name]
+            if r.get("time_to_release_s") is None:  # keep the first (the relaunch), not the rollback's
+                r["time_to_release_s"] = res.get("time_to_release_s")
+            r["gpu_memory_released_mib"] = mib(res.get("used_mib"))
+            if res.get("released"):
+                ready.append(name)
+            else:
+                r.update(
+                    action=FAILED,
+                    state="down",
+                    msg=f"GPU memory not proven free, not relaunched, instance is DOWN: {res.get('msg')}",
+                )
+        return ready
+
+    def _start(self, names: list[str], rollback: bool) -> list[str]:
+        """Start and prove healthy; returns the instances that are."""
+        if not names:
+            return []
+        try:
+            start = self._phase(
+                "start",
+                names,
+                {
+                    "start_timeout": self.opts.start_timeout,
+                    "health_timeout": self.opts.health_timeout,
+                    "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
+                    "smoke_requests": self.opts.smoke_requests,
+                },
+                per_instance=lambda n: {
+                    "use_last_good": rollback,
+                    "old_main_pid": self.results[n].get("old_main_pid"),
+                    "old_invocation_id": self.results[n].get("old_invocation_id"),
+                },
+            )["instances"]
+        except PhaseError as exc:
+            for name in names:
+                self.results[name].update(action=FAILED, state="unknown", msg=f"{exc}: state unknown")
+            return []
+        healthy = []
+        for name in names:
+            res = start.get(name, {})
+            r = self.results[name]
+            key = "rollback" if rollback else "relaunch"
+            r[key] = {
+                k: v
+                for k, v in res.items()
+                if k in ("msg", "journal", "server_info_mismatches", "smoke", "argv_diff", "actions", "crashed")
+            }
+            if res.get("healthy"):
+                healthy.append(name)
+                r.update(
+                    new_main_pid=res.get("new_main_pid"),
+                    new_invocation_id=res.get("new_invocation_id"),
+                    time_to_healthy_s=res.get("time_to_healthy_s"),
+                    effective_max_running_requests_after=res.get("effective_max_running_requests"),
+                    state="running",
+                )
+            else:
+                r["msg"] = res.get("msg") or "not healthy"
+                # Crashed or never started: down. Up but not proven (settings, smoke): unverified.
+                r["state"] = "down" if res.get("crashed") or not res.get("started") else "unverified"
+                r["new_main_pid"] = res.get("new_main_pid")
+        return healthy
+
+    def _rollback(self, names: list[str]) -> None:
+        can = [n for n in names if self.results[n].get("has_last_good")]
+        for name in names:
+            if name not in can:
+                r = self.results[name]
+                r.update(
+                    action=FAILED,
+                    msg=f"relaunch failed ({r.get('msg')}) and no last good settings are recorded to roll back to: "
+                    + _state_words(r["state"]),
+                )
+        if not can:
+            return
+        why = {n: self.results[n].get("msg") for n in can}
+        stopped = self._stop_and_release(can)
+        healthy = set(self._start(stopped, rollback=True))
+        for name in can:
+            r = self.results[name]
+            if name in healthy:
+                r.update(
+                    action=ROLLED_BACK,
+                    state="running",
+                    msg=f"new settings failed ({why[name]}); rolled back to the last good settings, which are healthy",
+                )
+            else:
+                rollback_msg = r.get("rollback", {}).get("msg") or r.get("msg")
+                r.update(
+                    action=FAILED,
+                    state="down",
+                    msg=f"new settings failed ({why[name]}) and the rollback failed too ({rollback_msg}): "
+                    "instance is DOWN",
+                )
+
+    # -- results ------------------------------------------------------------------------------
+
+    def _initial_result(self, name: str, facts: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+        inst = self.instances[name]
+        action = decision.action
+        if self.check_mode:
+            action = {"relaunch": WOULD_RELAUNCH, "start": WOULD_START}.get(action, action)
+        if action == "blocked":
+            action = FAILED
+        return {
+            "name": name,
+            "unit": inst.get("unit"),
+            "container": inst.get("container"),
+            "port": inst.get("port"),
+            "gpus": inst.get("gpus"),
+            "action": action,
+            "reasons": decision.reasons,
+            "flag_diff": decision.flag_diff,
+            "state": "running" if facts.get("running") else "stopped",
+            "old_main_pid": facts.get("main_pid") or None,
+            "old_invocation_id": facts.get("invocation_id") or None,
+            "new_main_pid": None,
+            "gpu_memory_before_mib": mib(facts.get("gpu_used_mib")),
+            "effective_max_running_requests_before": facts.get("effective_max_running_requests"),
+            "effective_max_running_requests_after": facts.get("effective_max_running_requests")
+            if action == UNCHANGED
+            else None,
+            "time_to_dead_s": None,
+            "time_to_release_s": None,
+            "time_to_healthy_s": None,
+            "has_last_good": bool(facts.get("has_last_good")),
+            "running_argv": facts.get("argv"),
+            "desired_argv": inst.get("argv"),
+        }
+
+    def _final(self, t0: float, failed_msg: str | None) -> dict[str, Any]:
+        instances = [self.results[n] for n in self.order if n in self.results]
+        changed_actions = {RELAUNCHED, STARTED, ROLLED_BACK, WOULD_RELAUNCH, WOULD_START}
+        touched = {RELAUNCHED, STARTED, ROLLED_BACK, FAILED}
+        changed = any(r["action"] in changed_actions for r in instances) or any(
+            r["action"] == FAILED and r.get("state") in ("down", "unknown") for r in instances
+        )
+        result: dict[str, Any] = {
+            "changed": changed,
+            "elapsed": round(time.monotonic() - t0, 3),
+            "instances": instances,
+            "round_trips": dict(self.round_trips),
+            "summary": {
+                action: sorted(r["name"] for r in instances if r["action"] == action)
+                for action in sorted({r["action"] for r in instances})
+            },
+        }
+        down = [r["name"] for r in instances if r.get("state") in ("down", "unknown") and r["action"] in touched]
+        if down:
+            result["down"] = down
+        unverified = [r["name"] for r in instances if r.get("state") == "unverified"]
+        if unverified:
+            result["unverified"] = unverified
+        if self.host_notes:
+            result["notes"] = self.host_notes
+        if failed_msg:
+            result["failed"] = True
+            result["msg"] = failed_msg + (f" — DOWN: {', '.join(down)}" if down else "")
+        elif any(r["action"] in (FAILED, ROLLED_BACK) for r in instances):
+            result["failed"] = True
+            result["msg"] = "; ".join(
+                f"{r['name']}: {r.get('msg')}" for r in instances if r["action"] in (FAILED, ROLLED_BACK)
+            )
+        else:
+            result["msg"] = self._ok_msg(instances)
+        if self.check_mode:
+            result["diff"] = [
+                {
+                    "before_header": f"{r['name']} (running)",
+                    "after_header": f"{r['name']} (desired)",
+                    "before": "\n".join(r.get("running_argv") or []) + "\n",
+                    "after": "\n".join(r.get("desired_argv") or []) + "\n",
+                }
+                for r in instances
+                if r["action"] in (WOULD_RELAUNCH, WOULD_START)
+            ]
+        return result
+
+    @staticmethod
+    def _ok_msg(instances: list[dict[str, Any]]) -> str:
+        counts: dict[str, int] = {}
+        for r in instances:
+            counts[r["action"]] = counts.get(r["action"], 0) + 1
+        return ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no instances"

@@ -1,0 +1,207 @@
+"""The retune action plugin with the connection patched (in the manner of ansible-core's
+test_reboot.py): the module executions it makes and the whole result it returns."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest.mock import MagicMock
+
+import pytest
+from ansible.playbook.task import Task
+
+from ansible_collections.sglang_ops.fleet.plugins.action.retune import ActionModule
+
+ARGV = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-running-requests", "64"]
+
+
+def resolved() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "gpu0",
+            "unit": "sglang-gpu0.service",
+            "gpus": [0],
+            "port": 30000,
+            "container": None,
+            "argv": ARGV,
+            "env": {"CUDA_VISIBLE_DEVICES": "0"},
+            "expected_server_info": {"max_running_requests": 64},
+            "fingerprint": "fp1",
+        }
+    ]
+
+
+def make_action(args: dict[str, Any], check_mode: bool = False, diff: bool = False) -> ActionModule:
+    task = MagicMock(Task)
+    task.args = args
+    task.check_mode = check_mode
+    task.diff = diff
+    task.async_val = 0
+    task.action = "sglang_ops.fleet.retune"
+    connection = MagicMock()
+    play_context = MagicMock()
+    play_context.check_mode = check_mode
+    return ActionModule(task, connection, play_context, loader=None, templar=None, shared_loader_obj=None)
+
+
+FACTS_OLD = {
+    "name": "gpu0",
+    "running": True,
+    "active_state": "active",
+    "sub_state": "running",
+    "main_pid": 4242,
+    "invocation_id": "inv-a",
+    "argv": ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-running-requests", "16"],
+    "argv_matches": False,
+    "env_mismatches": {},
+    "health_status": 200,
+    "server_info_status": 200,
+    "server_info": {"max_running_requests": 16},
+    "effective_max_running_requests": 16,
+    "installed_fingerprint": "fp1",
+    "has_last_good": True,
+    "gpu_used_mib": {"0": 131000},
+    "foreign": [],
+}
+
+
+def scripted(responses: dict[str, dict[str, Any]]):
+    calls: list[dict[str, Any]] = []
+
+    def execute_module(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        assert module_name == "sglang_ops.fleet.retune_phase"
+        calls.append(module_args)
+        return responses[module_args["op"]]
+
+    return execute_module, calls
+
+
+def test_relaunch_whole_result() -> None:
+    action = make_action({"instances": resolved(), "stop_timeout": 30, "smoke_requests": 3})
+    execute, calls = scripted(
+        {
+            "inspect": {"instances": {"gpu0": FACTS_OLD}, "containers": {}},
+            "stop": {"instances": {"gpu0": {"dead": True, "time_to_dead_s": 2.0, "killed": [], "escalated": False}}},
+            "release": {"instances": {"gpu0": {"released": True, "time_to_release_s": 4.25, "used_mib": {"0": 0}}}},
+            "start": {
+                "instances": {
+                    "gpu0": {
+                        "started": True,
+                        "healthy": True,
+                        "new_main_pid": 5151,
+                        "new_invocation_id": "inv-b",
+                        "time_to_healthy_s": 12.5,
+                        "effective_max_running_requests": 64,
+                    }
+                }
+            },
+        }
+    )
+    action._execute_module = MagicMock(side_effect=execute)
+    result = action.run(task_vars={"inventory_hostname": "node1"})
+    assert [c["op"] for c in calls] == ["inspect", "stop", "release", "start"]
+    assert calls[1]["options"]["stop_timeout"] == 30
+    assert calls[3]["options"]["smoke_requests"] == 3
+    assert calls[0]["managed_units"] == [{"unit": "sglang-gpu0.service", "container": None}]
+    elapsed = result.pop("elapsed")
+    assert elapsed >= 0
+    assert result == {
+        "changed": True,
+        "msg": "1 relaunched",
+        "round_trips": {"inspect": 1, "stop": 1, "release": 1, "start": 1},
+        "summary": {"relaunched": ["gpu0"]},
+        "instances": [
+            {
+                "name": "gpu0",
+                "unit": "sglang-gpu0.service",
+                "container": None,
+                "port": 30000,
+                "gpus": [0],
+                "action": "relaunched",
+                "reasons": [
+                    "command line differs: --max-running-requests 16→64",
+                    "/server_info reports other settings: max_running_requests=16 (desired 64)",
+                ],
+                "flag_diff": {"changed": {"--max-running-requests": ["16", "64"]}, "added": {}, "removed": {}},
+                "state": "running",
+                "old_main_pid": 4242,
+                "old_invocation_id": "inv-a",
+                "new_main_pid": 5151,
+                "new_invocation_id": "inv-b",
+                "gpu_memory_before_mib": {"0": 131000},
+                "gpu_memory_released_mib": {"0": 0},
+                "effective_max_running_requests_before": 16,
+                "effective_max_running_requests_after": 64,
+                "time_to_dead_s": 2.0,
+                "time_to_release_s": 4.25,
+                "time_to_healthy_s": 12.5,
+                "has_last_good": True,
+                "running_argv": FACTS_OLD["argv"],
+                "desired_argv": ARGV,
+                "escalated": False,
+                "killed": [],
+                "relaunch": {},
+            }
+        ],
+    }
+
+
+def test_check_mode_runs_only_inspect_and_returns_diff() -> None:
+    action = make_action({"instances": resolved()}, check_mode=True, diff=True)
+    execute, calls = scripted({"inspect": {"instances": {"gpu0": FACTS_OLD}}})
+    action._execute_module = MagicMock(side_effect=execute)
+    result = action.run(task_vars={})
+    assert [c["op"] for c in calls] == ["inspect"]
+    assert result["changed"] is True
+    assert result["instances"][0]["action"] == "would_relaunch"
+    assert result["diff"] == [
+        {
+            "before_header": "gpu0 (running)",
+            "after_header": "gpu0 (desired)",
+            "before": "\n".join(FACTS_OLD["argv"]) + "\n",
+            "after": "\n".join(ARGV) + "\n",
+        }
+    ]
+
+
+def test_diff_is_dropped_without_diff_mode() -> None:
+    action = make_action({"instances": resolved()}, check_mode=True, diff=False)
+    execute, _ = scripted({"inspect": {"instances": {"gpu0": FACTS_OLD}}})
+    action._execute_module = MagicMock(side_effect=execute)
+    assert "diff" not in action.run(task_vars={})
+
+
+def test_unreachable_host_fails_without_touching_anything() -> None:
+    action = make_action({"instances": resolved()})
+    execute, calls = scripted({"inspect": {"unreachable": True, "msg": "Failed to connect to the host via ssh"}})
+    action._execute_module = MagicMock(side_effect=execute)
+    result = action.run(task_vars={})
+    assert len(calls) == 1
+    assert result["failed"] is True
+    assert result["changed"] is False
+    assert "Failed to connect" in result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ({"stop_timeout": 0}, "stop_timeout must be > 0"),
+        ({"wave_size": -1}, "wave_size must be >= 0"),
+        ({"canary": "gpu9"}, "canary 'gpu9' is not one of the instances"),
+        ({"only": ["gpu7"]}, "only: unknown instance(s) ['gpu7']"),
+    ],
+)
+def test_bad_arguments_fail_before_any_module_runs(args: dict[str, Any], needle: str) -> None:
+    action = make_action({"instances": resolved(), **args})
+    action._execute_module = MagicMock()
+    result = action.run(task_vars={})
+    assert result["failed"] is True
+    assert needle in result["msg"]
+    action._execute_module.assert_not_called()
+
+
+def test_instances_must_be_resolved() -> None:
+    action = make_action({"instances": [{"name": "gpu0"}]})
+    action._execute_module = MagicMock()
+    result = action.run(task_vars={})
+    assert "lacks" in result["msg"]
+    action._execute_module.assert_not_called()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the machine packages the test bed needs, only those missing. Debian 12, as root.
+set -euo pipefail
+wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd lxc rsync)
+missing=()
+for p in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "apt packages present"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "missing packages: ${missing[*]}; run as root (or install them) and retry" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
