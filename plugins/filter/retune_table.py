@@ -1,0 +1,100 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The summary table retune.yml prints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+DOCUMENTATION = r"""
+name: retune_table
+short_description: Summary table of the retune results of several hosts
+version_added: 0.1.0
+author: sglang-fleet contributors
+description:
+  - One line per instance - host/instance, action, effective max running requests before and
+    after, seconds to dead, to GPU memory released and to healthy, and what went wrong if anything.
+  - Reads each host's registered C(sglang_retune_result) (the result of M(sglang_ops.fleet.retune)).
+positional: _input, hosts
+options:
+  _input:
+    description: C(hostvars).
+    type: dict
+    required: true
+  hosts:
+    description: The hosts to report, in order.
+    type: list
+    elements: str
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Summary
+  ansible.builtin.debug:
+    msg: "{{ hostvars | sglang_ops.fleet.retune_table(groups['sglang_servers']) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The table, one string per line.
+  type: list
+  elements: str
+"""
+
+COLUMNS = ("instance", "action", "max running req", "dead s", "free s", "healthy s", "note")
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
+    if not result:
+        return [(host, "not run", "", "", "", "", "no retune result (host skipped, unreachable or failed before)")]
+    if "instances" not in result or not result["instances"]:
+        return [(host, "failed" if result.get("failed") else "none", "", "", "", "", str(result.get("msg", ""))[:80])]
+    rows = []
+    for inst in result["instances"]:
+        before = inst.get("effective_max_running_requests_before")
+        after = inst.get("effective_max_running_requests_after")
+        capacity = f"{_num(before)} -> {_num(after)}" if after is not None or before is not None else "-"
+        note = ""
+        if inst.get("action") not in ("unchanged", "relaunched", "started"):
+            note = str(inst.get("msg") or "; ".join(inst.get("reasons") or []))
+        elif inst.get("action") != "unchanged" and inst.get("flag_diff"):
+            diff = inst["flag_diff"]
+            parts = [f"{k} {v[0]}->{v[1]}" for k, v in diff.get("changed", {}).items()]
+            parts += [f"+{k}" for k in diff.get("added", {})] + [f"-{k}" for k in diff.get("removed", {})]
+            note = ", ".join(parts)
+        if inst.get("escalated"):
+            note = ("SIGKILL after stop deadline; " + note).strip("; ")
+        rows.append(
+            (
+                f"{host}/{inst.get('name')}",
+                str(inst.get("action")),
+                capacity,
+                _num(inst.get("time_to_dead_s")),
+                _num(inst.get("time_to_release_s")),
+                _num(inst.get("time_to_healthy_s")),
+                note[:100],
+            )
+        )
+    return rows
+
+
+def retune_table(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> list[str]:
+    rows: list[tuple[str, ...]] = [COLUMNS]
+    for host in hosts:
+        rows += rows_for(host, (hostvars.get(host) or {}).get("sglang_retune_result"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r[:-1])) + "  " + r[-1])
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return [line.rstrip() for line in lines]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"retune_table": retune_table}

@@ -1,0 +1,66 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Filters the server role uses to describe the files it installs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DOCUMENTATION = r"""
+name: desired_record
+short_description: The desired-settings record of a resolved SGLang instance
+version_added: 0.1.0
+author: sglang-fleet contributors
+description:
+  - The JSON document the server role writes to C(/etc/sglang-fleet/instances/NAME.json) and the
+    retune plugin checks before relaunching - the instance's fingerprint and what it is made of.
+positional: _input
+options:
+  _input:
+    description: A resolved instance (M(sglang_ops.fleet.server_validate)).
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Record of the first instance
+  ansible.builtin.debug:
+    msg: "{{ sglang_server_resolved.instances[0] | sglang_ops.fleet.desired_record }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The record, as JSON text.
+  type: str
+"""
+
+RECORD_KEYS = (
+    "name",
+    "unit",
+    "version",
+    "gpus",
+    "port",
+    "container",
+    "fingerprint",
+    "argv",
+    "env",
+    "expected_server_info",
+    "served_model_name",
+)
+
+
+def desired_record(instance: dict[str, Any]) -> str:
+    """As the JSON text written to the host (sorted keys, so an unchanged record is unchanged)."""
+    return json.dumps({key: instance.get(key) for key in RECORD_KEYS}, indent=2, sort_keys=True) + "\n"
+
+
+def place_file(container: Any, path: str, content: str, mode: str = "0644") -> dict[str, Any]:
+    """A file entry for sglang_ops.fleet.server_units, placed on the host (container null) or
+    in a container."""
+    return {"container": container, "path": path, "content": content, "mode": mode}
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"desired_record": desired_record, "place_file": place_file}

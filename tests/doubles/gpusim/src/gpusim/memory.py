@@ -1,0 +1,300 @@
+"""SGLang's per-rank memory math: weights, Mamba state pool, KV pool, max running requests.
+
+Follows reference section 6 (``profile_max_num_token`` / ``handle_max_mamba_cache`` in v9,
+``kv_cache_configurator`` in v18+), with the version differences it documents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpusim.profiles import ModelProfile
+from gpusim.versions import Version
+
+GIB = float(1 << 30)
+
+
+class StartupError(Exception):
+    """A failure the real scheduler raises while building its pools."""
+
+    def __init__(self, exc_type: str, message: str):
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+
+
+@dataclass
+class MemoryInputs:
+    version: Version
+    profile: ModelProfile
+    total_mib: int
+    others_mib: int
+    gpu_index: int
+    mem_fraction_static: float
+    tp_size: int = 1
+    spec: bool = False
+    spec_mtp: bool = False
+    draft_tokens: int = 0
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float = 0.9
+    mamba_ssm_dtype: str | None = None
+    mamba_ratio: int = 1
+    disable_radix_cache: bool = False
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    context_len: int = 4096
+    cuda_graph_enabled: bool = True
+    cuda_graph_max_bs: int = 256
+
+
+@dataclass
+class MemoryPlan:
+    total_gib: float
+    avail_start_gib: float
+    weights_gib: float
+    avail_after_weights_gib: float
+    mamba_k: int | None = None
+    mamba_ratio: int = 1
+    conv_gib: float = 0.0
+    ssm_gib: float = 0.0
+    inter_ssm_gib: float = 0.0
+    inter_conv_gib: float = 0.0
+    kv_tokens: int = 0
+    k_gib: float = 0.0
+    v_gib: float = 0.0
+    max_running: int = 0
+    graph_mib: int = 0
+    warnings: list[str] = field(default_factory=list)
+    context_mib: int = 512
+
+    @property
+    def mamba_gib(self) -> float:
+        return self.conv_gib + self.ssm_gib + self.inter_ssm_gib + self.inter_conv_gib
+
+    @property
+    def kv_gib(self) -> float:
+        return self.k_gib + self.v_gib
+
+    @property
+    def pools_mib(self) -> int:
+        return round((self.mamba_gib + self.kv_gib) * 1024)
+
+    @property
+    def weights_mib(self) -> int:
+        return round(self.weights_gib * 1024)
+
+    @property
+    def final_mib(self) -> int:
+        return self.context_mib + self.weights_mib + self.pools_mib + self.graph_mib
+
+    def avail_after_pools_gib(self) -> float:
+        return self.avail_after_weights_gib - self.mamba_gib - self.kv_gib
+
+    def avail_after_graph_gib(self) -> float:
+        return self.avail_after_pools_gib() - self.graph_mib / 1024.0
+
+
+def weights_gib(inp: MemoryInputs) -> float:
+    w = inp.profile.weights_gib / inp.tp_size
+    if inp.spec_mtp:
+        w += inp.profile.draft_weights_gib / inp.tp_size
+    return w
+
+
+def cuda_oom(tried_gib: float, inp: MemoryInputs, free_gib: float, in_use_gib: float) -> StartupError:
+    total = inp.total_mib / 1024.0
+    return StartupError(
+        "torch.OutOfMemoryError",
+        f"CUDA out of memory. Tried to allocate {tried_gib:.2f} GiB. GPU {inp.gpu_index} has a total "
+        f"capacity of {total:.2f} GiB of which {max(free_gib, 0) * 1024:.2f} MiB is free. Including "
+        f"non-PyTorch memory, this process has {in_use_gib:.2f} GiB memory in use. Of the allocated "
+        f"memory {max(in_use_gib - 0.5, 0):.2f} GiB is allocated by PyTorch, and 0.00 MiB is reserved by "
+        "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+        "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+    )
+
+
+def plan(inp: MemoryInputs) -> MemoryPlan:
+    """Raises StartupError for the failures the real scheduler would hit."""
+    v = inp.version
+    prof = inp.profile
+    total = inp.total_mib / 1024.0
+    ctx = prof.context_mib / 1024.0
+    avail0 = total - inp.others_mib / 1024.0 - ctx
+    if avail0 <= 0:
+        raise cuda_oom(ctx, inp, total - inp.others_mib / 1024.0, 0.0)
+    w = weights_gib(inp)
+    if w > avail0:
+        raise cuda_oom(min(w, 2.0) if w - avail0 < 2.0 else w - avail0, inp, avail0, ctx + min(w, avail0))
+    avail = avail0 - w
+    p = MemoryPlan(
+        total_gib=total,
+        avail_start_gib=avail0,
+        weights_gib=w,
+        avail_after_weights_gib=avail,
+        context_mib=prof.context_mib,
+    )
+    slack = total * (1 - inp.mem_fraction_static)
+    rest = avail - slack
+    mrr = inp.max_running_requests
+    d_tok = inp.draft_tokens if inp.spec else 0
+
+    if prof.is_hybrid:
+        conv_b, ssm_b = prof.mamba_per_req_bytes(inp.mamba_ssm_dtype, inp.tp_size)
+        per_req = float(conv_b + ssm_b)
+        ratio = inp.mamba_ratio
+        p.mamba_ratio = ratio
+        r = inp.mamba_full_memory_ratio
+        inter_reqs = 0
+        fam = v.mamba_family
+        k: int
+        pad = 0
+        if fam == 9:
+            if inp.spec:
+                inter_reqs = mrr or 0
+                rest -= per_req * inter_reqs * d_tok / GIB
+            if inp.max_mamba_cache_size is not None:
+                k = inp.max_mamba_cache_size
+            elif inp.disable_radix_cache and mrr is not None:
+                k = mrr
+            else:
+                budget = rest * r / (1 + r)
+                k = int((budget * GIB) // per_req)
+        elif fam == 14:
+            if inp.max_mamba_cache_size is not None:
+                k = inp.max_mamba_cache_size
+                if inp.spec:
+                    inter_reqs = min(max(1, mrr or 1), k // ratio)
+            elif inp.disable_radix_cache and mrr is not None:
+                k = mrr
+                if inp.spec:
+                    inter_reqs = k
+            else:
+                budget = rest * r / (1 + r)
+                if inp.spec:
+                    k = int((budget * GIB) // (per_req * (1 + d_tok / ratio)))
+                    inter_reqs = min(max(1, mrr or 1), k // ratio)
+                else:
+                    k = int((budget * GIB) // per_req)
+            rest -= per_req * inter_reqs * d_tok / GIB
+        else:
+            pad = 1
+            if inp.max_mamba_cache_size is not None:
+                k = inp.max_mamba_cache_size
+                if inp.spec:
+                    inter_reqs = min(max(1, mrr or 1), k // ratio) + 1
+            elif inp.disable_radix_cache and mrr is not None:
+                k = max(1, mrr)
+                if inp.spec:
+                    inter_reqs = k + 1
+            else:
+                budget_b = rest * r / (1 + r) * GIB
+                if inp.spec:
+                    k = int((budget_b - per_req * (1 + d_tok)) // (per_req * (1 + d_tok / ratio)))
+                    inter_reqs = min(max(1, mrr or 1), max(k, 0) // ratio) + 1
+                else:
+                    k = int((budget_b - per_req) // per_req)
+            rest -= per_req * inter_reqs * d_tok / GIB
+        if k <= 0:
+            raise StartupError(
+                "RuntimeError",
+                "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+                f"Computed max_mamba_cache_size={k} (total_rest_memory={rest:.2f} GB, "
+                f"mamba_cache_per_req={per_req / (1 << 20):.2f} MB). "
+                "Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, "
+                "(3) reduce --speculative-num-draft-tokens, or (4) use GPUs with more memory.",
+            )
+        slots = k + pad
+        p.mamba_k = k
+        p.conv_gib = slots * conv_b / GIB
+        p.ssm_gib = slots * ssm_b / GIB
+        p.inter_ssm_gib = inter_reqs * d_tok * ssm_b / GIB
+        p.inter_conv_gib = inter_reqs * d_tok * conv_b / GIB
+        rest -= slots * per_req / GIB
+
+    if rest <= 0:
+        if v.family >= 18:
+            minimum = 1 - (avail / total)
+            raise StartupError(
+                "ValueError",
+                "Loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={inp.mem_fraction_static}. Raise --mem-fraction-static above "
+                f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
+                f"{minimum:.4f}). If using speculative decoding, draft weights are now counted.",
+            )
+        raise StartupError("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static.")
+
+    kv_heads = max(1, prof.num_kv_heads // inp.tp_size)
+    v_dim = prof.v_head_dim or prof.head_dim
+    layers = prof.attention_layers + (prof.draft_layers if inp.spec_mtp else 0)
+    cell = kv_heads * (prof.head_dim + v_dim) * layers * prof.kv_dtype_bytes
+    tokens = int(rest * GIB) // cell
+    if inp.max_total_tokens is not None:
+        if inp.max_total_tokens > tokens:
+            p.warnings.append(
+                f"max_total_tokens={inp.max_total_tokens} is larger than the profiled value {tokens}. "
+                "Use the profiled value instead."
+            )
+        tokens = min(tokens, inp.max_total_tokens)
+    page = max(1, inp.page_size or 1)
+    tokens = tokens // page * page
+    if tokens <= 0:
+        raise StartupError("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static.")
+    p.kv_tokens = tokens
+    p.k_gib = tokens * kv_heads * prof.head_dim * layers * prof.kv_dtype_bytes / GIB
+    p.v_gib = tokens * kv_heads * v_dim * layers * prof.kv_dtype_bytes / GIB
+
+    estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
+    if v.family < 14:
+        pool = mrr if mrr is not None else estimated
+        if prof.is_hybrid and p.mamba_k is not None:
+            pool = min(pool, p.mamba_k // p.mamba_ratio)
+        eff = min(mrr if mrr is not None else tokens // 2, pool)
+    else:
+        requested = max(1, mrr) if mrr is not None else None
+        eff = min(requested if requested is not None else estimated, tokens // 2)
+        capped_by_mamba = False
+        if prof.is_hybrid and p.mamba_k is not None:
+            cap = p.mamba_k // p.mamba_ratio
+            if cap < eff:
+                capped_by_mamba = True
+                if v.mamba_cap_warning:
+                    p.warnings.append(
+                        f"max_running_requests is capped to {cap} by the mamba state cache "
+                        f"(max_mamba_cache_size={p.mamba_k}, {p.mamba_ratio} state slots per request). "
+                        "To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, "
+                        "or halve the state size with --mamba-ssm-dtype bfloat16."
+                    )
+            eff = min(eff, cap)
+            if eff <= 0:
+                raise StartupError(
+                    "RuntimeError",
+                    "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+                    f"max_mamba_cache_size={p.mamba_k}, mamba_ratio={p.mamba_ratio}, resulting "
+                    f"max_num_reqs={eff}. Try: (1) reduce --max-running-requests, "
+                    "(2) increase --mem-fraction-static, or (3) use GPUs with more memory.",
+                )
+        if requested is not None and eff < requested and (not capped_by_mamba or not v.mamba_cap_warning):
+            p.warnings.append(
+                f"max_running_requests was reduced from the requested {requested} to {eff} "
+                "(per dp worker) due to the available KV cache capacity."
+            )
+    p.max_running = eff
+    if inp.cuda_graph_enabled:
+        p.graph_mib = prof.cuda_graph_mib
+    return p
+
+
+def check_headroom(inp: MemoryInputs, p: MemoryPlan) -> StartupError | None:
+    """The activation/graph working set must fit outside the static pool, or CUDA runs out."""
+    headroom_mib = inp.total_mib * (1 - inp.mem_fraction_static)
+    need_mib = inp.profile.activation_reserve_mib + p.graph_mib
+    if need_mib <= headroom_mib:
+        return None
+    in_use = (p.final_mib) / 1024.0
+    free = inp.total_mib / 1024.0 - inp.others_mib / 1024.0 - (p.final_mib - p.graph_mib) / 1024.0
+    tried = max(need_mib - headroom_mib, 256) / 1024.0
+    return cuda_oom(tried, inp, free, in_use)

@@ -1,0 +1,347 @@
+"""Child processes: schedulers (the only GPU holders), the detokenizer and the DP controller.
+
+Started as ``python -m gpusim.worker ROLE FD --pad=...``; the padding keeps the argv area
+long enough for the ``sglang::...`` titles. The spec arrives as the first message on FD.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from gpusim import memory, proctitle, procutil, registry
+from gpusim.channel import Channel
+from gpusim.logutil import Logger
+from gpusim.profiles import ModelProfile
+from gpusim.versions import Version
+
+PAD = "--pad=" + "." * 72
+
+
+def spawn(role: str, sock_fd: int, extra_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gpusim.worker", role, str(sock_fd), PAD]
+    return subprocess.Popen(cmd, pass_fds=(sock_fd, *extra_fds), stdin=subprocess.DEVNULL, close_fds=True)
+
+
+def _default_signals() -> None:
+    # A fault may have set SIGTERM to SIG_IGN in the parent; dispositions survive exec.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _fake_traceback(exc_type: str, message: str) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.11/dist-packages/sglang/srt/managers/scheduler.py", '
+        "line 2987, in run_scheduler_process\n"
+        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)\n"
+        '  File "/usr/local/lib/python3.11/dist-packages/sglang/srt/model_executor/model_runner.py", '
+        "line 412, in __init__\n"
+        "    self.initialize(min_per_gpu_memory)\n"
+        f"{exc_type}: {message}\n"
+    )
+
+
+class Scheduler:
+    def __init__(self, chan: Channel, spec: dict[str, Any]):
+        self.chan = chan
+        self.spec = spec
+        self.log = Logger(spec["log_stream"], spec["log_prefix"], spec["log_level"])
+        self.version = Version.of(spec["version"])
+        self.t0 = time.monotonic()
+        self.startup_s = float(spec["startup_s"])
+        self.heartbeat_s = float(spec["heartbeat_s"])
+        self.handle: registry.AllocationHandle | None = None
+        self.fds: list[int] = []
+        self.crash = spec.get("crash")
+        self.detached = bool(spec.get("detached"))
+
+    # --- helpers -----------------------------------------------------------
+    def _wait_until(self, frac: float) -> None:
+        """Sleep to ``frac`` of the startup delay, heartbeating, failing at the crash point."""
+        target = self.t0 + frac * self.startup_s
+        if self.crash is not None and float(self.crash.get("at_fraction", 0.5)) <= frac:
+            target = self.t0 + float(self.crash.get("at_fraction", 0.5)) * self.startup_s
+            self._sleep_to(target)
+            raise memory.StartupError(
+                str(self.crash.get("exc_type", "RuntimeError")),
+                str(self.crash.get("message", "Simulated scheduler failure during startup (gpusim fault).")),
+            )
+        self._sleep_to(target)
+
+    def _sleep_to(self, target: float) -> None:
+        while True:
+            now = time.monotonic()
+            if now >= target:
+                return
+            time.sleep(min(self.heartbeat_s, target - now))
+            if self.handle:
+                self.handle.heartbeat()
+
+    def _set_mib(self, mib: float) -> None:
+        if self.handle:
+            self.handle.set_mib(round(mib))
+
+    # --- lifecycle -----------------------------------------------------------
+    def run(self) -> None:
+        try:
+            info = self.startup()
+        except memory.StartupError as exc:
+            self.fail(exc.exc_type, exc.message)
+            return
+        self.chan.send({"op": "ready", "info": info})
+        self.serve()
+
+    def fail(self, exc_type: str, message: str) -> None:
+        self.log.error(f"Scheduler hit an exception: {_fake_traceback(exc_type, message)}")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(self.spec["main_pid"]), signal.SIGQUIT)
+        # The parent kills the whole tree; linger like the real process until then.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(self.heartbeat_s)
+            if self.handle:
+                self.handle.heartbeat()
+        os._exit(0)
+
+    def startup(self) -> dict[str, Any]:
+        spec = self.spec
+        phys = int(spec["gpu_physical"])
+        devdir = Path(spec["devices_dir"])
+        self.log.info("Init torch distributed begin.")
+        if phys < 0:
+            raise memory.StartupError(
+                "torch.AcceleratorError",
+                "CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported at some "
+                "other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+                "CUDA_LAUNCH_BLOCKING=1",
+            )
+        for name in (f"nvidia{phys}", "nvidiactl"):
+            try:
+                self.fds.append(os.open(devdir / name, os.O_RDWR))
+            except OSError as exc:
+                raise memory.StartupError(
+                    "RuntimeError",
+                    f"CUDA error: no CUDA-capable device is detected ({devdir / name}: {exc.strerror})",
+                ) from None
+        me = os.getpid()
+        prof = ModelProfile(**spec["profile"])
+        alloc = registry.Allocation(
+            pid=me,
+            start_time=procutil.start_time(me) or 0,
+            gpu=phys,
+            mib=prof.context_mib,
+            title=spec["title"],
+            port=spec.get("port"),
+            never_release=bool(spec.get("never_release")),
+        )
+        self.handle = registry.AllocationHandle(Path(spec["state_dir"]), alloc)
+        others = self._others_mib(phys)
+        self._wait_until(0.05)
+        self.log.info(
+            f"Init torch distributed ends. elapsed={0.05 * self.startup_s:.2f} s, "
+            f"mem usage={prof.context_mib / 1024:.2f} GB"
+        )
+        inp = memory.MemoryInputs(**{**spec["memory"], "version": self.version, "profile": prof,
+                                     "others_mib": others, "gpu_index": int(spec["gpu_logical"])})
+        total_gib = inp.total_mib / 1024
+        avail0 = total_gib - others / 1024 - prof.context_mib / 1024
+        self.log.info(f"Load weight begin. avail mem={avail0:.2f} GB")
+        w = memory.weights_gib(inp)
+        try:
+            plan = memory.plan(inp)
+            failure: memory.StartupError | None = None
+        except memory.StartupError as exc:
+            failure = exc
+        if w > avail0:
+            self._wait_until(0.2)
+            self._set_mib(prof.context_mib + max(avail0, 0) * 1024)
+            assert failure is not None
+            raise failure
+        steps = 5
+        for i in range(1, steps + 1):
+            self._wait_until(0.05 + 0.5 * i / steps)
+            self._set_mib(prof.context_mib + w * 1024 * i / steps)
+        if failure is not None:
+            self._wait_until(0.7)
+            raise failure
+        dtype = f"dtype=torch.{prof.torch_dtype}, " if self.version.load_weight_has_dtype else ""
+        self.log.info(
+            f"Load weight end. elapsed={0.5 * self.startup_s:.2f} s, type={prof.architectures[0]}, {dtype}"
+            f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB."
+        )
+        self._wait_until(0.7)
+        rank0 = int(spec["tp_rank"]) == 0
+        for w_msg in plan.warnings:
+            if "max_total_tokens=" in w_msg and rank0:
+                self.log.warning(w_msg)
+        if plan.mamba_k is not None:
+            line = (
+                f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
+                f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
+            )
+            if spec["memory"].get("spec"):
+                line += (
+                    f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
+                    f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
+                )
+            self.log.info(line)
+        kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if self.version.kv_line_has_dtype else ""
+        self.log.info(
+            f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.k_gib:.2f} GB, "
+            f"V size: {plan.v_gib:.2f} GB"
+        )
+        self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
+        self.log.info(f"Memory pool end. avail mem={plan.avail_after_pools_gib():.2f} GB")
+        if inp.cuda_graph_enabled:
+            self.log.info(
+                "Capture cuda graph begin. This can take up to several minutes. "
+                f"avail mem={plan.avail_after_pools_gib():.2f} GB"
+            )
+            self._wait_until(0.8)
+            oom = memory.check_headroom(inp, plan)
+            if oom:
+                raise oom
+            self._wait_until(0.95)
+            self._set_mib(plan.final_mib)
+            self.log.info(
+                f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
+                f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
+            )
+        else:
+            oom = memory.check_headroom(inp, plan)
+            if oom:
+                raise oom
+        self._wait_until(1.0)
+        for w_msg in plan.warnings:
+            if "max_total_tokens=" not in w_msg and rank0:
+                self.log.warning(w_msg)
+        avail_report = plan.avail_start_gib if self.version.family >= 18 else plan.avail_after_graph_gib()
+        if rank0:
+            a = spec["args_for_log"]
+            self.log.info(
+                f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={a['chunked_prefill_size']}, "
+                f"max_prefill_tokens={a['max_prefill_tokens']}, max_running_requests={plan.max_running}, "
+                f"context_len={a['context_len']}, available_gpu_mem={avail_report:.2f} GB"
+            )
+        return {
+            "status": "ready",
+            "max_total_num_tokens": plan.kv_tokens,
+            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
+            "max_running_requests": plan.max_running,
+            "max_mamba_cache_size": plan.mamba_k,
+            "mamba_ratio": plan.mamba_ratio,
+            "weight_gib": plan.weights_gib,
+            "kv_gib": plan.kv_gib,
+            "mamba_gib": plan.mamba_gib,
+            "graph_gib": plan.graph_mib / 1024,
+            "avail_start_gib": plan.avail_start_gib,
+            "avail_end_gib": plan.avail_after_graph_gib(),
+            "final_mib": plan.final_mib,
+            "pid": os.getpid(),
+        }
+
+    def _others_mib(self, phys: int) -> int:
+        holders = registry.scan(Path(self.spec["state_dir"]), float(self.spec["release_delay_s"]))
+        mine = self.handle.alloc.key if self.handle else None
+        other = sum(h.alloc.mib for h in holders if h.alloc.gpu == phys and h.alloc.key != mine)
+        return other + int(self.spec.get("idle_used_mib", 0))
+
+    def serve(self) -> None:
+        obey = not self.detached or bool(self.spec.get("detached_obeys_shutdown"))
+        while True:
+            msg = None if self.chan.closed else self.chan.recv(timeout=self.heartbeat_s)
+            if self.chan.closed:
+                time.sleep(self.heartbeat_s)
+            if self.handle:
+                self.handle.heartbeat()
+            if msg and msg.get("op") == "shutdown" and obey:
+                # ShutdownReq: leave the event loop, release host resources, exit. The driver
+                # frees the GPU memory only after the process is gone.
+                time.sleep(float(self.spec.get("shutdown_s", 0.2)))
+                os._exit(0)
+
+
+def _detach() -> None:
+    """Double fork into a new session so the scheduler is re-parented away from main."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid > 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    os.setsid()
+    pid2 = os.fork()
+    if pid2 > 0:
+        os._exit(0)
+    proctitle.clear_pdeathsig()
+    os.write(w, b"x")
+    os.close(w)
+
+
+def run_scheduler(chan: Channel, spec: dict[str, Any]) -> None:
+    if spec.get("detached"):
+        _detach()
+    else:
+        proctitle.set_pdeathsig(signal.SIGKILL)
+    proctitle.set_title(spec["title"])
+    Scheduler(chan, spec).run()
+
+
+def run_idle(title: str) -> None:
+    proctitle.set_pdeathsig(signal.SIGKILL)
+    proctitle.set_title(title)
+    while True:
+        signal.pause()
+
+
+def run_dp_controller(chan: Channel, spec: dict[str, Any]) -> None:
+    proctitle.set_pdeathsig(signal.SIGKILL)
+    proctitle.set_title("sglang::data_parallel_controller")
+    procs = []
+    for child in spec["schedulers"]:
+        fd = int(child["fd"])
+        procs.append(spawn("scheduler", fd))
+        os.close(fd)
+    while True:
+        time.sleep(1.0)
+        for p in procs:
+            p.poll()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    role, fd = argv[0], int(argv[1])
+    _default_signals()
+    if role == "scheduler":
+        # Set before anything slow: the window until here is the real startup gap.
+        proctitle.set_pdeathsig(signal.SIGKILL)
+    chan = Channel.from_fd(fd)
+    spec = chan.recv(timeout=30)
+    if spec is None:
+        os._exit(1)
+    try:
+        if role == "scheduler":
+            run_scheduler(chan, spec)
+        elif role == "detokenizer":
+            run_idle("sglang::detokenizer")
+        elif role == "dp_controller":
+            run_dp_controller(chan, spec)
+        else:
+            raise SystemExit(f"unknown worker role {role}")
+    except Exception:
+        traceback.print_exc()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

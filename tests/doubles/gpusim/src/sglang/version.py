@@ -1,0 +1,3 @@
+from sglang import __version__
+
+__all__ = ["__version__"]

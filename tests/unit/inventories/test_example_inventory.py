@@ -1,0 +1,110 @@
+"""inventories/example resolves, and every instance's argv is what its SGLang version parses back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.vars.manager import VariableManager
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import SWITCH, load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
+    HOST_VARIABLES,
+    LAUNCH_MODULE,
+    expected_server_info,
+    resolve_instances,
+)
+
+INVENTORY = Path(__file__).resolve().parents[3] / "inventories" / "example" / "hosts.yml"
+
+
+@pytest.fixture(scope="module")
+def example_hostvars() -> dict[str, dict[str, Any]]:
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(INVENTORY)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    result = {}
+    for host in inventory.get_hosts():
+        hostvars = variables.get_vars(host=host)
+        result[host.name] = {name: hostvars[name] for name in HOST_VARIABLES if name in hostvars}
+    return result
+
+
+def parser_namespace(args: dict[str, Any], version: str) -> dict[str, Any]:
+    """What the version's argparse must produce for these settings: dest -> value."""
+    flags = load_table().flags(version)
+    return {
+        flags[name].dest: value for name, value in args.items() if not (flags[name].kind == SWITCH and value is False)
+    }
+
+
+def test_both_hosts_are_in_the_inventory(example_hostvars: dict[str, dict[str, Any]]) -> None:
+    assert sorted(example_hostvars) == ["b200-node", "pve-rtx"]
+
+
+def test_b200_node_resolves_to_seven_mtp_instances_on_0_5_23(example_hostvars: dict[str, dict[str, Any]]) -> None:
+    instances = resolve_instances("b200-node", example_hostvars["b200-node"])
+    assert [i["name"] for i in instances] == [f"gpu{i}" for i in range(7)]
+    assert [i["port"] for i in instances] == list(range(30000, 30007))
+    assert {i["container"] for i in instances} == {None}
+    assert all(i["warnings"] == [] for i in instances)
+    args = instances[3]["args"]
+    assert args == {
+        "base_gpu_id": 0,
+        "enable_metrics": True,
+        "host": "0.0.0.0",
+        "mamba_full_memory_ratio": 0.6,
+        "max_mamba_cache_size": 200,
+        "max_running_requests": 64,
+        "mem_fraction_static": 0.93,
+        "model_path": "Qwen/Qwen3.6-27B",
+        "port": 30003,
+        "reasoning_parser": "qwen3",
+        "served_model_name": "qwen3.6-27b",
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "speculative_num_steps": 3,
+        "tp_size": 1,
+    }
+    assert instances[3]["env"] == {"CUDA_VISIBLE_DEVICES": "3", "HF_HUB_OFFLINE": "1"}
+    assert instances[3]["argv"][:3] == ["/opt/sglang/venv/bin/python", "-m", LAUNCH_MODULE]
+
+
+def test_pve_rtx_resolves_to_eight_instances_in_container_200_on_0_5_9(
+    example_hostvars: dict[str, dict[str, Any]],
+) -> None:
+    instances = resolve_instances("pve-rtx", example_hostvars["pve-rtx"])
+    assert [i["name"] for i in instances] == [f"gpu{i}" for i in range(8)]
+    assert {i["container"] for i in instances} == {200}
+    argv = instances[0]["argv"]
+    assert argv[argv.index("--mamba-scheduler-strategy") + 1] == "no_buffer"
+    assert argv[argv.index("--max-running-requests") + 1] == "128"
+    assert "--mamba-radix-cache-strategy" not in argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+
+
+@pytest.mark.parametrize("hostname", ["b200-node", "pve-rtx"])
+def test_every_instance_argv_parses_back_to_its_args(
+    example_hostvars: dict[str, dict[str, Any]], sglang_argparse: Any, hostname: str
+) -> None:
+    instances = resolve_instances(hostname, example_hostvars[hostname])
+    version = instances[0]["version"]
+    assert version == {"b200-node": "0.5.23", "pve-rtx": "0.5.9"}[hostname]
+    current = sglang_argparse.current_spellings(version)
+    for instance in instances:
+        words = instance["argv"][3:]
+        assert all(w in current for w in words if w.startswith("--")), words
+        assert sglang_argparse.parse(version, words) == parser_namespace(instance["args"], version)
+        assert expected_server_info(instance["args"], version)["port"] == instance["port"]
+
+
+def test_the_same_tuning_on_the_other_version_still_renders(example_hostvars: dict[str, dict[str, Any]]) -> None:
+    """Moving pve-rtx to 0.5.23 needs no inventory change beyond the version."""
+    upgraded = {**example_hostvars["pve-rtx"], "sglang_server_version": "0.5.23"}
+    [first, *_] = resolve_instances("pve-rtx", upgraded)
+    assert first["args"]["mamba_radix_cache_strategy"] == "no_buffer"
+    assert "--mamba-radix-cache-strategy" in first["argv"]

@@ -1,0 +1,993 @@
+"""Rendering, validation, instance resolution and /server_info expectations."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
+    ServerArgsError,
+    compare_server_info,
+    expected_server_info,
+    fingerprint,
+    parse_human_readable_int,
+    render_cli_args,
+    resolve_instances,
+    unchecked_cli_words,
+    validate_args,
+)
+
+VERSIONS = ("0.5.9", "0.5.14", "0.5.18", "0.5.23")
+
+
+def problems_of(exc: pytest.ExceptionInfo[ServerArgsError]) -> list[str]:
+    return exc.value.problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Renamed and removed flags of the reference (sglang.md section 1.2), on every version.
+
+# (settings, version) -> expected words, or an exception pattern.
+RENAMES: list[tuple[dict[str, Any], dict[str, list[str]]]] = [
+    (
+        {"mamba_scheduler_strategy": "no_buffer"},
+        {
+            "0.5.9": ["--mamba-scheduler-strategy", "no_buffer"],
+            "0.5.14": ["--mamba-radix-cache-strategy", "no_buffer"],
+            "0.5.18": ["--mamba-radix-cache-strategy", "no_buffer"],
+            "0.5.23": ["--mamba-radix-cache-strategy", "no_buffer"],
+        },
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer"},
+        {
+            "0.5.9": ["--mamba-scheduler-strategy", "extra_buffer"],
+            "0.5.14": ["--mamba-radix-cache-strategy", "extra_buffer"],
+            "0.5.18": ["--mamba-radix-cache-strategy", "extra_buffer"],
+            "0.5.23": ["--mamba-radix-cache-strategy", "extra_buffer"],
+        },
+    ),
+    (
+        {"cuda_graph_max_bs": 16},
+        {
+            "0.5.9": ["--cuda-graph-max-bs", "16"],
+            "0.5.14": ["--cuda-graph-max-bs-decode", "16"],
+            "0.5.18": ["--cuda-graph-max-bs-decode", "16"],
+            "0.5.23": ["--cuda-graph-max-bs-decode", "16"],
+        },
+    ),
+    (
+        {"cuda_graph_max_bs_decode": 16},
+        {v: ["--cuda-graph-max-bs", "16"] if v == "0.5.9" else ["--cuda-graph-max-bs-decode", "16"] for v in VERSIONS},
+    ),
+    (
+        {"piecewise_cuda_graph_max_tokens": 4096},
+        {
+            v: ["--piecewise-cuda-graph-max-tokens" if v == "0.5.9" else "--cuda-graph-max-bs-prefill", "4096"]
+            for v in VERSIONS
+        },
+    ),
+    (
+        {"cuda_graph_bs": [1, 2, 4]},
+        {v: ["--cuda-graph-bs" if v == "0.5.9" else "--cuda-graph-bs-decode", "1", "2", "4"] for v in VERSIONS},
+    ),
+    (
+        {"stream_output": True},
+        {v: ["--stream-output" if v == "0.5.9" else "--incremental-streaming-output"] for v in VERSIONS},
+    ),
+    (
+        {"tp_size": 2},
+        {v: ["--tensor-parallel-size" if v == "0.5.9" else "--tp-size", "2"] for v in VERSIONS},
+    ),
+    (
+        {"tensor_parallel_size": 2},
+        {v: ["--tensor-parallel-size" if v == "0.5.9" else "--tp-size", "2"] for v in VERSIONS},
+    ),
+    (
+        {"dp_size": 2},
+        {v: ["--data-parallel-size" if v == "0.5.9" else "--dp-size", "2"] for v in VERSIONS},
+    ),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("args", "expected"), RENAMES, ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
+def test_renamed_flags_render_in_the_spelling_each_version_accepts(
+    args: dict[str, Any], expected: dict[str, list[str]], version: str
+) -> None:
+    words, warnings = render_cli_args(args, version), validate_args(args, version)[1]
+    assert words == expected[version]
+    assert warnings == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_rename_group_renders_without_deprecated_spellings(version: str) -> None:
+    """Data-driven: each name of each rename group, on each version, either renders a current spelling or
+    fails with a message; never a deprecated alias, never an abbreviation."""
+    table = load_table()
+    flags = table.flags(version)
+    current = {s for f in flags.values() if not f.deprecated for s in f.spellings}
+    deprecated = {s for f in flags.values() for s in f.deprecated_aliases}
+    for group in table._groups.values():
+        for name in sorted(group):
+            setting = next((m for m in sorted(group) if m in flags and not flags[m].deprecated), None)
+            flag = flags.get(setting) if setting else None
+            if flag is None:
+                # No current name: either a deprecated switch with a replacement, or an error naming the key.
+                try:
+                    words = render_cli_args({name: _sample(flags.get(name) or _any_flag(name))}, version)
+                except ServerArgsError as exc:
+                    assert f"'{name}'" in str(exc)
+                    continue
+                assert name in load_table().value_maps, (name, words)
+            else:
+                words = render_cli_args({name: _sample(flag)}, version)
+            options = [w.split("=")[0] for w in words if w.startswith("--")]
+            assert options, (name, words)
+            assert all(o in current and o not in deprecated for o in options), (name, words)
+
+
+def _any_flag(name: str) -> Any:
+    table = load_table()
+    for version in reversed(table.versions):
+        for member in table.rename_group(name):
+            if member in table.flags(version):
+                return table.flags(version)[member]
+    raise AssertionError(name)
+
+
+def _sample(flag: Any) -> Any:
+    if flag.kind in ("switch", "boolopt", "optional"):
+        return True
+    if flag.choices:
+        value = flag.choices[0]
+    else:
+        value = {"int": 3, "float": 0.5, "human_readable_int": 4096, "loads": {"a": 1}, "json_list_type": [1]}.get(
+            flag.type or "str", "x"
+        )
+    return [value] if flag.kind == "list" else value
+
+
+REMOVED: list[tuple[dict[str, Any], dict[str, list[str] | str]]] = [
+    (
+        {"enable_piecewise_cuda_graph": True},
+        {
+            "0.5.9": ["--enable-piecewise-cuda-graph"],
+            "0.5.14": "piecewise CUDA graph is the default since SGLang 0.5.10",
+            "0.5.18": "piecewise CUDA graph is the default since SGLang 0.5.10",
+            "0.5.23": "piecewise CUDA graph is the default since SGLang 0.5.10",
+        },
+    ),
+    (
+        {"disable_piecewise_cuda_graph": True},
+        {
+            "0.5.9": "before 0.5.10 piecewise CUDA graph only runs when enable_piecewise_cuda_graph is set",
+            "0.5.14": ["--cuda-graph-backend-prefill", "disabled"],
+            "0.5.18": ["--cuda-graph-backend-prefill", "disabled"],
+            "0.5.23": ["--cuda-graph-backend-prefill", "disabled"],
+        },
+    ),
+    (
+        {"enforce_piecewise_cuda_graph": True},
+        {
+            "0.5.9": "before 0.5.10 use enable_piecewise_cuda_graph",
+            "0.5.14": ["--cuda-graph-backend-prefill", "tc_piecewise"],
+            "0.5.18": ["--cuda-graph-backend-prefill", "tc_piecewise"],
+            "0.5.23": "'tc_piecewise' is not a valid choice for --cuda-graph-backend-prefill on SGLang 0.5.23",
+        },
+    ),
+    (
+        {"enable_breakable_cuda_graph": True},
+        {
+            "0.5.9": "not available there either",
+            "0.5.14": ["--cuda-graph-backend-prefill", "breakable"],
+            "0.5.18": ["--cuda-graph-backend-prefill", "breakable"],
+            "0.5.23": ["--cuda-graph-backend-prefill", "breakable"],
+        },
+    ),
+    (
+        {"disable_cuda_graph": True},
+        {
+            "0.5.9": ["--disable-cuda-graph"],
+            **{
+                v: ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+                for v in ("0.5.14", "0.5.18", "0.5.23")
+            },
+        },
+    ),
+    (
+        {"piecewise_cuda_graph_compiler": "eager"},
+        {
+            "0.5.9": ["--piecewise-cuda-graph-compiler", "eager"],
+            "0.5.14": ["--cuda-graph-tc-compiler", "eager"],
+            "0.5.18": ["--cuda-graph-tc-compiler", "eager"],
+            "0.5.23": "it was removed after SGLang 0.5.18",
+        },
+    ),
+    (
+        {"enable_prefill_context_parallel": True},
+        {
+            "0.5.9": "it is only accepted from SGLang 0.5.14 on",
+            "0.5.14": ["--enable-prefill-cp"],
+            "0.5.18": ["--enable-prefill-cp"],
+            "0.5.23": ["--enable-prefill-cp"],
+        },
+    ),
+    (
+        {"dsa_prefill_cp_mode": "in-seq-split"},
+        {
+            "0.5.9": ["--nsa-prefill-cp-mode", "in-seq-split"],
+            "0.5.14": "set cp_strategy instead",
+            "0.5.18": "set cp_strategy instead",
+            "0.5.23": "its replacement is cp_strategy",
+        },
+    ),
+    (
+        {"hybrid_kvcache_ratio": True},
+        {
+            "0.5.9": "its parser rejects it",
+            "0.5.14": "it was removed after SGLang 0.5.9",
+            "0.5.18": "it was removed after SGLang 0.5.9",
+            "0.5.23": "it was removed after SGLang 0.5.9",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("args", "expected"), REMOVED, ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
+def test_removed_and_deprecated_flags_map_or_fail_with_the_fix(
+    args: dict[str, Any], expected: dict[str, list[str] | str], version: str
+) -> None:
+    outcome = expected[version]
+    if isinstance(outcome, str):
+        with pytest.raises(ServerArgsError) as exc:
+            render_cli_args(args, version)
+        assert outcome in str(exc.value)
+        assert next(iter(args)) in str(exc.value)
+        return
+    assert render_cli_args(args, version) == outcome
+    _normalized, warnings = validate_args(args, version)
+    key = next(iter(args))
+    flag = load_table().flag(version, key)
+    if key in load_table().value_maps and (flag is None or flag.deprecated):
+        assert len(warnings) == 1 and key in warnings[0] and "instead" in warnings[0]
+    else:
+        assert warnings == []  # a plain rename is silent
+
+
+def test_value_map_on_a_deprecated_switch_names_the_version_and_the_replacement() -> None:
+    _args, warnings = validate_args({"disable_piecewise_cuda_graph": True}, "0.5.18", where="sglang_server_args")
+    assert warnings == [
+        "sglang_server_args.disable_piecewise_cuda_graph: 'disable_piecewise_cuda_graph' is deprecated in SGLang "
+        "0.5.18; passing cuda_graph_backend_prefill: disabled instead (set that in place of the old key to "
+        "silence this warning)"
+    ]
+
+
+def test_value_map_false_is_simply_omitted() -> None:
+    assert render_cli_args({"disable_cuda_graph": False}, "0.5.23") == []
+
+
+def test_value_map_contradicting_an_explicit_setting_is_an_error() -> None:
+    with pytest.raises(ServerArgsError, match="contradicts"):
+        validate_args({"disable_piecewise_cuda_graph": True, "cuda_graph_backend_prefill": "full"}, "0.5.23")
+    args, _ = validate_args({"disable_piecewise_cuda_graph": True, "cuda_graph_backend_prefill": "disabled"}, "0.5.23")
+    assert args == {"cuda_graph_backend_prefill": "disabled"}
+
+
+def test_dp_attention_on_0_5_23_uses_the_dp_size_placeholder() -> None:
+    args, warnings = validate_args({"enable_dp_attention": True, "dp_size": 4}, "0.5.23")
+    assert args == {"attn_dp_size": 4, "dp_size": 4}
+    assert "attn_dp_size: 4" in warnings[0]
+    with pytest.raises(ServerArgsError, match=r"set attn_dp_size \(set to your dp_size\) instead"):
+        validate_args({"enable_dp_attention": True}, "0.5.23")
+    assert render_cli_args({"enable_dp_attention": True}, "0.5.18") == ["--enable-dp-attention"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering of kinds and values
+
+
+def test_booleans() -> None:
+    assert render_cli_args({"trust_remote_code": True}, "0.5.23") == ["--trust-remote-code"]
+    assert render_cli_args({"trust_remote_code": False}, "0.5.23") == []
+    assert render_cli_args({"lora_strict_loading": True}, "0.5.23") == ["--lora-strict-loading"]
+    assert render_cli_args({"lora_strict_loading": False}, "0.5.23") == ["--no-lora-strict-loading"]
+    assert render_cli_args({"model_checksum": True}, "0.5.23") == ["--model-checksum"]
+    assert render_cli_args({"model_checksum": "abc"}, "0.5.23") == ["--model-checksum", "abc"]
+    assert render_cli_args({"model_checksum": False}, "0.5.23") == []
+
+
+def test_none_omits_the_flag() -> None:
+    assert render_cli_args({"max_running_requests": None, "trust_remote_code": None}, "0.5.23") == []
+    assert render_cli_args({}, "0.5.23") == []
+    assert render_cli_args(None, "0.5.23") == []
+
+
+def test_lists_become_several_words() -> None:
+    assert render_cli_args({"cuda_graph_bs_decode": [1, 2, 8]}, "0.5.23") == ["--cuda-graph-bs-decode", "1", "2", "8"]
+    assert render_cli_args({"cuda_graph_bs_decode": 8}, "0.5.23") == ["--cuda-graph-bs-decode", "8"]
+    assert render_cli_args({"bucket_time_to_first_token": [0.1, 1]}, "0.5.9") == [
+        "--bucket-time-to-first-token",
+        "0.1",
+        "1",
+    ]
+    assert render_cli_args({"lora_target_modules": ["q_proj", "v_proj"]}, "0.5.9") == [
+        "--lora-target-modules",
+        "q_proj",
+        "v_proj",
+    ]
+    assert render_cli_args({"custom_weight_loader": []}, "0.5.23") == ["--custom-weight-loader"]
+
+
+def test_json_values_are_compact_and_key_sorted() -> None:
+    assert render_cli_args({"preferred_sampling_params": {"top_p": 0.9, "temperature": 0.6}}, "0.5.23") == [
+        "--preferred-sampling-params",
+        '{"temperature":0.6,"top_p":0.9}',
+    ]
+    assert render_cli_args({"preferred_sampling_params": '{"b": 1, "a": [1, 2]}'}, "0.5.23") == [
+        "--preferred-sampling-params",
+        '{"a":[1,2],"b":1}',
+    ]
+    assert render_cli_args({"forward_hooks": [{"name": "x"}]}, "0.5.23") == ["--forward-hooks", '[{"name":"x"}]']
+    # A text flag that takes JSON accepts a mapping.
+    assert render_cli_args({"json_model_override_args": {"rope_scaling": {"factor": 4}}}, "0.5.9") == [
+        "--json-model-override-args",
+        '{"rope_scaling":{"factor":4}}',
+    ]
+
+
+def test_order_is_sorted_by_setting_name_whatever_the_input_order() -> None:
+    args = {"tp_size": 1, "context_length": 8192, "max_running_requests": 8, "enable_metrics": True}
+    words = render_cli_args(args, "0.5.23")
+    assert words == [
+        "--context-length",
+        "8192",
+        "--enable-metrics",
+        "--max-running-requests",
+        "8",
+        "--tp-size",
+        "1",
+    ]
+    assert render_cli_args(dict(reversed(list(args.items()))), "0.5.23") == words
+
+
+def test_values_that_look_like_options_use_the_equals_form() -> None:
+    assert render_cli_args({"chunked_prefill_size": -1}, "0.5.23") == ["--chunked-prefill-size", "-1"]
+    assert render_cli_args({"served_model_name": "--weird"}, "0.5.23") == ["--served-model-name=--weird"]
+    assert render_cli_args({"schedule_conservativeness": -1e-05}, "0.5.23") == ["--schedule-conservativeness=-1e-05"]
+
+
+def test_human_readable_ints_are_normalised() -> None:
+    assert parse_human_readable_int("200k") == 200_000
+    assert parse_human_readable_int("32Ki") == 32768
+    assert parse_human_readable_int("1.5M") == 1_500_000
+    with pytest.raises(ValueError, match="decimals are not allowed"):
+        parse_human_readable_int("1.5Ki")
+    with pytest.raises(ValueError, match="case-sensitive"):
+        parse_human_readable_int("128K")
+    assert render_cli_args({"context_length": "32Ki"}, "0.5.23") == ["--context-length", "32768"]
+    assert validate_args({"context_length": "200k"}, "0.5.14")[0] == {"context_length": 200000}
+
+
+def test_numeric_strings_are_read_as_numbers() -> None:
+    assert validate_args({"max_running_requests": "64", "mem_fraction_static": "0.9"}, "0.5.23")[0] == {
+        "max_running_requests": 64,
+        "mem_fraction_static": 0.9,
+    }
+    assert render_cli_args({"mem_fraction_static": 1}, "0.5.23") == ["--mem-fraction-static", "1"]
+
+
+def test_unknown_version_lists_the_supported_ones() -> None:
+    with pytest.raises(ServerArgsError, match=r"supported: 0\.5\.9, 0\.5\.14, 0\.5\.18, 0\.5\.23"):
+        render_cli_args({}, "0.5.11")
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation errors
+
+
+def test_unknown_key_suggests_the_closest_name() -> None:
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args({"max_mamba_cache_sze": 100}, "0.5.23", where="sglang_server_instances[2].args")
+    assert problems_of(exc) == [
+        "sglang_server_instances[2].args.max_mamba_cache_sze: SGLang 0.5.23 has no setting 'max_mamba_cache_sze'; "
+        "did you mean max_mamba_cache_size?"
+    ]
+
+
+def test_unknown_key_suggests_names_from_other_versions_too() -> None:
+    with pytest.raises(ServerArgsError, match="did you mean mamba_scheduler_strategy"):
+        validate_args({"mamba_scheduler_stategy": "auto"}, "0.5.23")
+
+
+def test_unknown_key_without_a_close_name_points_at_the_escape_hatch() -> None:
+    with pytest.raises(ServerArgsError, match="sglang_server_args_unchecked"):
+        validate_args({"zzzz": 1}, "0.5.23")
+
+
+def test_removed_key_names_its_history_and_replacement() -> None:
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args({"enable_piecewise_cuda_graph": True}, "0.5.23", where="sglang_server_args")
+    assert problems_of(exc) == [
+        "sglang_server_args.enable_piecewise_cuda_graph: 'enable_piecewise_cuda_graph' is not accepted by SGLang "
+        "0.5.23: it was removed after SGLang 0.5.9; piecewise CUDA graph is the default since SGLang 0.5.10; "
+        "remove the key (cuda_graph_backend_prefill chooses or disables the prefill graph backend)"
+    ]
+
+
+def test_not_yet_added_key() -> None:
+    with pytest.raises(ServerArgsError, match=r"only accepted from SGLang 0\.5\.14 on"):
+        validate_args({"cuda_graph_backend_prefill": "full"}, "0.5.9")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            {"max_running_requests": "abc"},
+            "--max-running-requests on SGLang 0.5.23 expects an integer, got the string 'abc'",
+        ),
+        ({"max_running_requests": 1.5}, "expects an integer, got the number 1.5"),
+        ({"max_running_requests": True}, "expects an integer, got the boolean true"),
+        ({"mem_fraction_static": "high"}, "expects a number, got the string 'high'"),
+        ({"mem_fraction_static": float("nan")}, "expects a finite number"),
+        (
+            {"trust_remote_code": "true"},
+            "is a switch and expects true or false, got the string 'true' (write true or false without quotes",
+        ),
+        ({"trust_remote_code": 1}, "is a switch and expects true or false, got the integer 1"),
+        ({"log_level": False}, "expects a string, got the boolean false (YAML reads unquoted"),
+        ({"context_length": "128K"}, "suffixes are case-sensitive"),
+        ({"context_length": "1.5Ki"}, "decimals are not allowed with IEC suffixes"),
+        ({"preferred_sampling_params": "{not json"}, "the string is not JSON"),
+        ({"forward_hooks": {"a": 1}}, "expects a list (or a JSON string holding one), got a mapping"),
+        ({"max_running_requests": [1, 2]}, "takes one value, got a list"),
+        ({"cuda_graph_bs_decode": []}, "expects at least one value"),
+        ({"cuda_graph_bs_decode": ["x"]}, "each list item expects an integer"),
+    ],
+)
+def test_wrong_types_name_the_expected_type(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args(args, "0.5.23")
+    assert message in str(exc.value)
+
+
+def test_human_readable_string_on_an_int_flag_of_0_5_9() -> None:
+    with pytest.raises(ServerArgsError, match=r"sizes such as 200k are only accepted .* from SGLang 0.5.10 on"):
+        validate_args({"context_length": "200k"}, "0.5.9")
+
+
+@pytest.mark.parametrize(
+    ("args", "version", "message"),
+    [
+        (
+            {"mamba_radix_cache_strategy": "extra_buffer_lazy"},
+            "0.5.9",
+            "'extra_buffer_lazy' is not a valid choice for --mamba-scheduler-strategy on SGLang 0.5.9; "
+            "choose one of: auto, no_buffer, extra_buffer ('extra_buffer_lazy' is accepted by SGLang 0.5.14, 0.5.18, "
+            "0.5.23)",
+        ),
+        ({"kv_cache_dtype": "fp4_e2m1"}, "0.5.23", "'fp4_e2m1' is accepted by SGLang 0.5.9, 0.5.14, 0.5.18"),
+        ({"attention_backend": "cutlass_mla"}, "0.5.23", "not a valid choice for --attention-backend on SGLang 0.5.23"),
+        ({"schedule_policy": "hrrn"}, "0.5.18", "'hrrn' is accepted by SGLang 0.5.23"),
+        ({"speculative_algorithm": "MEDUSA"}, "0.5.9", "choose one of: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM"),
+        ({"lora_target_modules": ["q_proj", "qkvr"]}, "0.5.9", "'qkvr' is not a valid choice"),
+        ({"log_requests_level": 7}, "0.5.23", "choose one of: 0, 1, 2, 3"),
+    ],
+)
+def test_invalid_choices_list_the_allowed_ones(args: dict[str, Any], version: str, message: str) -> None:
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args(args, version)
+    assert message in str(exc.value)
+
+
+def test_speculative_algorithm_has_no_parse_time_choices_after_0_5_11() -> None:
+    assert render_cli_args({"speculative_algorithm": "NEXTN"}, "0.5.23") == ["--speculative-algorithm", "NEXTN"]
+    assert render_cli_args({"speculative_algorithm": "NEXTN"}, "0.5.9") == ["--speculative-algorithm", "NEXTN"]
+
+
+def test_all_problems_are_collected_into_one_error() -> None:
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args(
+            {"max_mamba_cache_sze": 1, "trust_remote_code": "yes", "kv_cache_dtype": "fp4_e2m1", "port": "x"},
+            "0.5.23",
+            where="sglang_server_host_args",
+        )
+    assert len(problems_of(exc)) == 4
+    text = str(exc.value)
+    assert text.startswith("SGLang server settings: 4 problems\n- sglang_server_host_args.")
+    for key in ("max_mamba_cache_sze", "trust_remote_code", "kv_cache_dtype", "port"):
+        assert f"sglang_server_host_args.{key}:" in text
+
+
+def test_one_setting_under_two_names_with_different_values() -> None:
+    with pytest.raises(ServerArgsError, match="both set mamba_radix_cache_strategy"):
+        validate_args({"mamba_scheduler_strategy": "no_buffer", "mamba_radix_cache_strategy": "auto"}, "0.5.23")
+    args, _ = validate_args({"mamba_scheduler_strategy": "auto", "mamba_radix_cache_strategy": "auto"}, "0.5.23")
+    assert args == {"mamba_radix_cache_strategy": "auto"}
+
+
+def test_non_mapping_args() -> None:
+    with pytest.raises(ServerArgsError, match="expected a mapping"):
+        validate_args(["max_running_requests"], "0.5.23")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# /server_info expectations
+
+
+def test_expected_server_info_normalises_values() -> None:
+    args = {
+        "context_length": "32Ki",
+        "mamba_scheduler_strategy": "auto",
+        "speculative_algorithm": "NEXTN",
+        "trust_remote_code": True,
+        "model_checksum": True,
+        "json_model_override_args": {"b": 1, "a": 2},
+        "lora_paths": ["a=/x"],
+    }
+    assert expected_server_info(args, "0.5.23") == {
+        "context_length": 32768,
+        "speculative_algorithm": "NEXTN",
+        "trust_remote_code": True,
+        "model_checksum": "",
+        "json_model_override_args": '{"a":2,"b":1}',
+    }
+    v9 = expected_server_info({"speculative_algorithm": "NEXTN", "tp_size": 2}, "0.5.9")
+    assert v9 == {"speculative_algorithm": "EAGLE", "tp_size": 2}
+
+
+def test_compare_server_info() -> None:
+    expected = {"mem_fraction_static": 0.93, "max_running_requests": 64, "trust_remote_code": True, "x": [1.0, 2]}
+    reported = {"mem_fraction_static": 0.9300000001, "max_running_requests": 64.0, "trust_remote_code": 1, "x": [1, 2]}
+    assert compare_server_info(expected, reported) == [("trust_remote_code", True, 1)]
+    assert compare_server_info({"a": 1}, {}) == [("a", 1, None)]
+    assert compare_server_info({"a": {"k": 0.5}}, {"a": {"k": 0.6}}) == [("a", {"k": 0.5}, {"k": 0.6})]
+    assert compare_server_info({"a": "EAGLE"}, {"a": "EAGLE", "b": 3}) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Instances of a host
+
+
+def host(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "sglang_server_version": "0.5.23",
+        "sglang_server_model_path": "Qwen/Qwen3.6-27B",
+        "sglang_server_gpu_count": 2,
+    }
+    base.update(overrides)
+    return base
+
+
+def failure(hostvars: dict[str, Any], name: str = "node1") -> list[str]:
+    with pytest.raises(ServerArgsError) as exc:
+        resolve_instances(name, hostvars)
+    return exc.value.problems
+
+
+def test_default_layout_one_instance_per_gpu() -> None:
+    instances = resolve_instances("node1", host(sglang_server_args={"max_running_requests": 32}))
+    assert [i["name"] for i in instances] == ["gpu0", "gpu1"]
+    first = instances[0]
+    assert set(first) == {
+        "name",
+        "unit",
+        "gpus",
+        "port",
+        "container",
+        "version",
+        "flag_table",
+        "args",
+        "args_unchecked",
+        "argv",
+        "env",
+        "warnings",
+        "fingerprint",
+    }
+    assert first["unit"] == "sglang-gpu0.service"
+    assert (first["gpus"], first["port"], first["container"]) == ([0], 30000, None)
+    assert instances[1]["port"] == 30001
+    assert first["args"] == {
+        "base_gpu_id": 0,
+        "host": "127.0.0.1",
+        "max_running_requests": 32,
+        "model_path": "Qwen/Qwen3.6-27B",
+        "port": 30000,
+        "tp_size": 1,
+    }
+    assert first["argv"] == [
+        "/opt/sglang/venv/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--base-gpu-id",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--max-running-requests",
+        "32",
+        "--model-path",
+        "Qwen/Qwen3.6-27B",
+        "--port",
+        "30000",
+        "--tp-size",
+        "1",
+    ]
+    assert first["env"] == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert instances[1]["env"] == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert first["warnings"] == []
+    assert first["fingerprint"] == fingerprint("0.5.23", first["argv"], first["env"])
+    assert re.fullmatch(r"[0-9a-f]{64}", first["fingerprint"])
+
+
+def test_host_settings_and_container() -> None:
+    instances = resolve_instances(
+        "pve",
+        host(
+            sglang_server_version="0.5.9",
+            sglang_server_python="/srv/venv/bin/python3",
+            sglang_server_listen_host="0.0.0.0",
+            sglang_server_base_port=31000,
+            sglang_server_served_model_name="qwen",
+            sglang_server_lxc_container=200,
+        ),
+    )
+    assert [(i["port"], i["container"]) for i in instances] == [(31000, 200), (31001, 200)]
+    args = instances[1]["args"]
+    assert (args["host"], args["served_model_name"], args["port"]) == ("0.0.0.0", "qwen", 31001)
+    assert instances[0]["argv"][0] == "/srv/venv/bin/python3"
+    assert "--tensor-parallel-size" in instances[0]["argv"]
+
+
+def test_explicit_tensor_parallel_layout() -> None:
+    instances = resolve_instances(
+        "node1",
+        host(
+            sglang_server_gpu_count=8,
+            sglang_server_instances=[
+                {"name": "big", "gpus": [0, 1, 2, 3], "port": 30000, "args": {"tp_size": 4}},
+                {"name": "dp", "gpus": [4, 5, 6, 7], "port": 30010, "args": {"dp_size": 2}, "container": 101},
+            ],
+        ),
+    )
+    big, dp = instances
+    assert (big["args"]["tp_size"], big["env"]["CUDA_VISIBLE_DEVICES"], big["container"]) == (4, "0,1,2,3", None)
+    assert (dp["args"]["tp_size"], dp["args"]["dp_size"], dp["env"]["CUDA_VISIBLE_DEVICES"]) == (2, 2, "4,5,6,7")
+    assert dp["container"] == 101
+    assert dp["unit"] == "sglang-dp.service"
+
+
+def test_dp_attention_shares_the_tensor_parallel_gpus() -> None:
+    [instance] = resolve_instances(
+        "node1",
+        host(
+            sglang_server_version="0.5.18",
+            sglang_server_gpu_count=4,
+            sglang_server_instances=[
+                {
+                    "name": "moe",
+                    "gpus": [0, 1, 2, 3],
+                    "port": 30000,
+                    "args": {"dp_size": 4, "enable_dp_attention": True},
+                }
+            ],
+        ),
+    )
+    assert instance["args"]["tp_size"] == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 1}, {"name": "b", "gpus": [0], "port": 2}]},
+            "host node1: GPU 0 is used by instances a and b",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 9}, {"name": "b", "gpus": [1], "port": 9}]},
+            "host node1: port 9 is used by instances a and b",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [2], "port": 9}]},
+            "host node1, instance a: sglang_server_instances[0].gpus names GPU 2, but sglang_server_gpu_count is 2 "
+            "(GPUs 0-1)",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [], "port": 9}]},
+            "sglang_server_instances[0].gpus is empty; every instance needs at least one GPU",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 1}, {"name": "a", "gpus": [1], "port": 2}]},
+            "instance name a is used more than once",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "A_1", "gpus": [0], "port": 1}]},
+            "sglang_server_instances[0].name expects a name of lowercase letters",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0, 0], "port": 1}]},
+            "sglang_server_instances[0].gpus lists GPU 0 twice",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 70000}]},
+            "sglang_server_instances[0].port expects a TCP port number (1-65535), got the integer 70000",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 1, "gpu": [1]}]},
+            "sglang_server_instances[0].gpu is not an instance key; did you mean gpus?",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0, 1], "port": 1, "args": {"tp_size": 1}}]},
+            "host node1, instance a: sglang_server_instances[0].args.tp_size: tp_size 1 needs 1 GPUs but the instance "
+            "has 2 GPUs (sglang_server_instances[0].gpus: [0, 1]); tp_size follows the GPU list",
+        ),
+        (
+            {"sglang_server_args": {"tp_size": 2}},
+            "host node1: sglang_server_args.tp_size: tp_size 2 needs 2 GPUs but the instance has 1 GPU (GPU 0 in the "
+            "default layout); "
+            "the default layout runs one single-GPU instance per GPU",
+        ),
+        (
+            {
+                "sglang_server_instances": [
+                    {"name": "a", "gpus": [0, 1], "port": 1, "args": {"dp_size": 2, "tp_size": 2}}
+                ]
+            },
+            "tp_size 2 x dp_size 2 needs 4 GPUs but the instance has 2 GPUs",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0, 1], "port": 1, "args": {"dp_size": 3}}]},
+            "cannot be split into dp_size 3 x pp_size 1",
+        ),
+        (
+            {"sglang_server_instances": [{"name": "a", "gpus": [0], "port": 1, "container": "200"}]},
+            "sglang_server_instances[0].container expects a Proxmox container id (a positive integer) or null, got the "
+            "string '200'",
+        ),
+        ({"sglang_server_lxc_container": "ct200"}, "sglang_server_lxc_container expects a Proxmox container id"),
+        ({"sglang_server_instances": {"name": "a"}}, "sglang_server_instances expects a list of instances"),
+        ({"sglang_server_gpu_count": 0}, "sglang_server_gpu_count is required"),
+        ({"sglang_server_model_path": ""}, "sglang_server_model_path is required"),
+        ({"sglang_server_python": "python3"}, "sglang_server_python expects an absolute path"),
+        ({"sglang_server_base_port": "30000"}, "sglang_server_base_port expects a TCP port number"),
+    ],
+)
+def test_layout_contradictions(overrides: dict[str, Any], message: str) -> None:
+    problems = failure(host(**overrides))
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("key", "variable"),
+    [
+        ("model_path", "sglang_server_model_path"),
+        ("model", "sglang_server_model_path"),
+        ("port", "sglang_server_base_port"),
+        ("host", "sglang_server_listen_host"),
+        ("base_gpu_id", "the instance's gpus"),
+        ("api_key", "sglang_server_api_key"),
+        ("admin_api_key", "sglang_server_api_key"),
+        ("served_model_name", "sglang_server_served_model_name"),
+    ],
+)
+def test_layout_owned_keys_name_the_variable_to_use(key: str, variable: str) -> None:
+    problems = failure(
+        host(sglang_server_instances=[{"name": "a", "gpus": [0], "port": 1, "args": {key: "x"}}]),
+    )
+    assert problems[0].startswith(f"host node1, instance a: sglang_server_instances[0].args.{key}: ")
+    assert "is set by the instance layout; use " + variable in problems[0]
+
+
+def test_tp_size_equal_to_the_gpu_count_is_allowed() -> None:
+    instances = resolve_instances("node1", host(sglang_server_args={"tp_size": 1}))
+    assert [i["args"]["tp_size"] for i in instances] == [1, 1]
+
+
+def test_problems_name_host_instance_and_variable_path() -> None:
+    problems = failure(
+        host(
+            sglang_server_gpu_count=3,
+            sglang_server_args={"max_runing_requests": 8},
+            sglang_server_instances=[
+                {"name": "a", "gpus": [0], "port": 1},
+                {"name": "b", "gpus": [1], "port": 2},
+                {"name": "c", "gpus": [2], "port": 3, "args": {"max_mamba_cache_sze": 100}},
+            ],
+        )
+    )
+    assert problems == [
+        "host node1: sglang_server_args.max_runing_requests: SGLang 0.5.23 has no setting 'max_runing_requests'; "
+        "did you mean max_running_requests?",
+        "host node1, instance c: sglang_server_instances[2].args.max_mamba_cache_sze: SGLang 0.5.23 has no setting "
+        "'max_mamba_cache_sze'; did you mean max_mamba_cache_size?",
+    ]
+
+
+def test_layers_merge_key_by_key_and_null_removes() -> None:
+    instances = resolve_instances(
+        "node1",
+        host(
+            sglang_server_args={"max_running_requests": 8, "enable_metrics": True, "mem_fraction_static": 0.8},
+            sglang_server_host_args={"max_running_requests": 16, "enable_metrics": None},
+            sglang_server_instances=[
+                {"name": "a", "gpus": [0], "port": 1, "args": {"mem_fraction_static": None}},
+                {"name": "b", "gpus": [1], "port": 2, "args": {"max_running_requests": 32}},
+            ],
+        ),
+    )
+    a, b = (i["args"] for i in instances)
+    assert (a.get("max_running_requests"), "enable_metrics" in a, "mem_fraction_static" in a) == (16, False, False)
+    assert (b["max_running_requests"], b["mem_fraction_static"]) == (32, 0.8)
+
+
+def test_layers_merge_renamed_settings_as_one() -> None:
+    [instance, _other] = resolve_instances(
+        "node1",
+        host(
+            sglang_server_args={"mamba_scheduler_strategy": "no_buffer"},
+            sglang_server_host_args={"mamba_radix_cache_strategy": "extra_buffer"},
+        ),
+    )
+    assert instance["args"]["mamba_radix_cache_strategy"] == "extra_buffer"
+    removed = resolve_instances(
+        "node1",
+        host(
+            sglang_server_args={"mamba_scheduler_strategy": "no_buffer"},
+            sglang_server_host_args={"mamba_radix_cache_strategy": None},
+        ),
+    )
+    assert "mamba_radix_cache_strategy" not in removed[0]["args"]
+
+
+def test_an_instance_overrides_a_group_value_map() -> None:
+    [instance, other] = resolve_instances(
+        "node1",
+        host(
+            sglang_server_args={"disable_cuda_graph": True},
+            sglang_server_instances=[
+                {"name": "a", "gpus": [0], "port": 1, "args": {"cuda_graph_backend_prefill": "full"}},
+                {"name": "b", "gpus": [1], "port": 2},
+            ],
+        ),
+    )
+    assert instance["args"]["cuda_graph_backend_prefill"] == "full"
+    assert instance["args"]["cuda_graph_backend_decode"] == "disabled"
+    assert other["args"]["cuda_graph_backend_prefill"] == "disabled"
+    assert any("disable_cuda_graph" in w for w in other["warnings"])
+
+
+def test_same_setting_twice_in_one_layer() -> None:
+    problems = failure(host(sglang_server_args={"cuda_graph_max_bs": 8, "cuda_graph_max_bs_decode": 16}))
+    assert any("same setting as" in p and "cuda_graph_max_bs_decode" in p for p in problems), problems
+
+
+def test_environment_layers() -> None:
+    instances = resolve_instances(
+        "node1",
+        host(
+            sglang_server_env={"HF_HUB_OFFLINE": True, "A": 1, "DROP": "x"},
+            sglang_server_host_env={"A": 2.5, "DROP": None},
+            sglang_server_instances=[{"name": "a", "gpus": [1, 0], "port": 1, "env": {"NCCL_DEBUG": "WARN"}}],
+        ),
+    )
+    assert instances[0]["env"] == {
+        "A": "2.5",
+        "CUDA_VISIBLE_DEVICES": "1,0",
+        "HF_HUB_OFFLINE": "1",
+        "NCCL_DEBUG": "WARN",
+    }
+
+
+def test_environment_problems() -> None:
+    problems = failure(host(sglang_server_env={"CUDA_VISIBLE_DEVICES": "3", "BAD-NAME": "x", "LIST": [1]}))
+    text = "\n".join(problems)
+    assert "CUDA_VISIBLE_DEVICES is set from the instance's gpus" in text
+    assert "'BAD-NAME' is not a valid environment variable name" in text
+    assert "environment values must be strings, numbers or booleans, got a list" in text
+
+
+def test_unchecked_args_are_rendered_verbatim_with_a_warning() -> None:
+    [instance, other] = resolve_instances(
+        "node1",
+        host(
+            sglang_server_args_unchecked={"enable_future_thing": True, "future_size": 3, "off_switch": False},
+            sglang_server_instances=[
+                {"name": "a", "gpus": [0], "port": 1, "args_unchecked": {"future_size": None, "blob": {"k": 1}}},
+                {"name": "b", "gpus": [1], "port": 2},
+            ],
+        ),
+    )
+    assert instance["args_unchecked"] == {"blob": {"k": 1}, "enable_future_thing": True, "off_switch": False}
+    assert instance["argv"][-3:] == ["--blob", '{"k":1}', "--enable-future-thing"]
+    assert other["argv"][-3:] == ["--enable-future-thing", "--future-size", "3"]
+    assert (
+        "host node1, instance a: sglang_server_instances[0].args_unchecked.blob is passed unchecked as "
+        '--blob {"k":1}' in instance["warnings"]
+    )
+    assert (
+        "host node1, instance b: sglang_server_args_unchecked.future_size is passed unchecked as --future-size 3"
+        in (other["warnings"])
+    )
+    assert any("off_switch is passed unchecked as nothing (false)" in w for w in other["warnings"])
+
+
+def test_unchecked_args_that_the_table_knows_suggest_moving_them() -> None:
+    [instance, _] = resolve_instances("node1", host(sglang_server_args_unchecked={"enable_metrics": True}))
+    assert instance["warnings"] == [
+        "host node1, instance gpu0: sglang_server_args_unchecked.enable_metrics is passed unchecked as "
+        "--enable-metrics; SGLang 0.5.23 knows this flag as enable_metrics, move it to args to have it checked"
+    ]
+
+
+def test_unchecked_args_cannot_duplicate_or_own_layout_keys() -> None:
+    problems = failure(
+        host(
+            sglang_server_args={"enable_metrics": True},
+            sglang_server_args_unchecked={"enable_metrics": True, "port": 1, "Bad": 1},
+        )
+    )
+    text = "\n".join(problems)
+    assert "sglang_server_args_unchecked.enable_metrics: enable_metrics is also set in args" in text
+    assert "sglang_server_args_unchecked.port: port is set by the instance layout" in text
+    assert "'Bad' is not a snake_case flag name" in text
+
+
+def test_unchecked_words() -> None:
+    assert unchecked_cli_words({"b": [1, "x"], "a": -2.5, "c": "-x"}) == ["--a", "-2.5", "--b", "1", "x", "--c=-x"]
+
+
+def test_version_is_required_and_must_be_supported() -> None:
+    assert any("sglang_server_version is required" in p for p in failure(host(sglang_server_version=None)))
+    problems = failure(host(sglang_server_version=None, sglang_server_flag_table_version="0.5.18"))
+    assert any("sglang_server_version is required" in p for p in problems)
+    problems = failure(host(sglang_server_version="0.5.11"))
+    assert problems == [
+        "host node1: sglang_server_version '0.5.11' is not supported; supported: 0.5.9, 0.5.14, 0.5.18, 0.5.23. "
+        "For a release in between, set sglang_server_flag_table_version to the nearest supported version and its "
+        "flag table is used"
+    ]
+    assert any("not a known flag table" in p for p in failure(host(sglang_server_flag_table_version="0.6.0")))
+
+
+def test_flag_table_escape_hatch_warns() -> None:
+    instances = resolve_instances(
+        "node1",
+        host(
+            sglang_server_version="0.5.20",
+            sglang_server_flag_table_version="0.5.18",
+            sglang_server_args={"cuda_graph_max_bs": 8},
+        ),
+    )
+    first = instances[0]
+    assert (first["version"], first["flag_table"]) == ("0.5.20", "0.5.18")
+    assert "--cuda-graph-max-bs-decode" in first["argv"]
+    assert first["warnings"][0].startswith("host node1: SGLang 0.5.20 is checked against the flag table of 0.5.18")
+
+
+def test_fingerprint_changes_with_argv_env_and_version_only() -> None:
+    base = host(sglang_server_args={"max_running_requests": 8})
+    one = resolve_instances("node1", base)[0]["fingerprint"]
+    assert resolve_instances("node1", copy.deepcopy(base))[0]["fingerprint"] == one
+    assert resolve_instances("other-name", base)[0]["fingerprint"] == one
+    assert (
+        resolve_instances("node1", {**base, "sglang_server_args": {"max_running_requests": 9}})[0]["fingerprint"] != one
+    )
+    assert resolve_instances("node1", {**base, "sglang_server_env": {"X": 1}})[0]["fingerprint"] != one
+    assert (
+        resolve_instances("node1", {**base, "sglang_server_version": "0.5.18"})[0]["fingerprint"] != one
+    )  # same argv, other version
+
+
+def test_resolve_does_not_mutate_its_input() -> None:
+    hostvars = host(
+        sglang_server_args={"context_length": "32Ki"}, sglang_server_instances=[{"name": "a", "gpus": [0], "port": 1}]
+    )
+    snapshot = copy.deepcopy(hostvars)
+    resolve_instances("node1", hostvars)
+    assert hostvars == snapshot
