@@ -332,6 +332,9 @@ class Retune:
             if r.get("time_to_release_s") is None:  # keep the first (the relaunch), not the rollback's
                 r["time_to_release_s"] = res.get("time_to_release_s")
             r["gpu_memory_released_mib"] = mib(res.get("used_mib"))
+            # What the GPUs still held once the processes were gone: the driver's late release.
+            r.setdefault("gpu_memory_after_dead_mib", mib(res.get("used_mib_first")))
+            r["release_polls"] = r.get("release_polls", 0) + int(res.get("samples") or 0)
             if res.get("released"):
                 ready.append(name)
             else:

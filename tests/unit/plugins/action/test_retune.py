@@ -81,7 +81,17 @@ def test_relaunch_whole_result() -> None:
         {
             "inspect": {"instances": {"gpu0": FACTS_OLD}, "containers": {}},
             "stop": {"instances": {"gpu0": {"dead": True, "time_to_dead_s": 2.0, "killed": [], "escalated": False}}},
-            "release": {"instances": {"gpu0": {"released": True, "time_to_release_s": 4.25, "used_mib": {"0": 0}}}},
+            "release": {
+                "instances": {
+                    "gpu0": {
+                        "released": True,
+                        "time_to_release_s": 4.25,
+                        "used_mib": {"0": 0},
+                        "used_mib_first": {"0": 120000},
+                        "samples": 9,
+                    }
+                }
+            },
             "start": {
                 "instances": {
                     "gpu0": {
@@ -129,6 +139,8 @@ def test_relaunch_whole_result() -> None:
                 "new_invocation_id": "inv-b",
                 "gpu_memory_before_mib": {"0": 131000},
                 "gpu_memory_released_mib": {"0": 0},
+                "gpu_memory_after_dead_mib": {"0": 120000},
+                "release_polls": 9,
                 "effective_max_running_requests_before": 16,
                 "effective_max_running_requests_after": 64,
                 "time_to_dead_s": 2.0,
