@@ -65,7 +65,8 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
         elif inst.get("action") != "unchanged" and inst.get("flag_diff"):
             diff = inst["flag_diff"]
             parts = [f"{k} {v[0]}->{v[1]}" for k, v in diff.get("changed", {}).items()]
-            parts += [f"+{k}" for k in diff.get("added", {})] + [f"-{k}" for k in diff.get("removed", {})]
+            parts += [f"+{k}" if v is True else f"+{k} {v}" for k, v in diff.get("added", {}).items()]
+            parts += [f"-{k}" for k in diff.get("removed", {})]
             note = ", ".join(parts)
         if inst.get("escalated"):
             note = ("SIGKILL after stop deadline; " + note).strip("; ")
@@ -77,7 +78,7 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
                 _num(inst.get("time_to_dead_s")),
                 _num(inst.get("time_to_release_s")),
                 _num(inst.get("time_to_healthy_s")),
-                note[:100],
+                note if len(note) <= 160 else note[:157] + "...",
             )
         )
     return rows
