@@ -23,7 +23,9 @@ def gpu_used(host) -> dict[int, int]:
 
 
 def health(host) -> str:
-    return host.run("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health', timeout=5).status)\"").stdout.strip()
+    return host.run(
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health', timeout=5).status)\""
+    ).stdout.strip()
 
 
 def test_systemd_runs_the_unit(host) -> None:
@@ -35,7 +37,11 @@ def test_systemd_runs_the_unit(host) -> None:
 
 def test_health_reaches_200_and_server_info_reports_the_flags(host) -> None:
     assert wait_for(lambda: health(host) == "200", 30)
-    info = json.loads(host.check_output("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/server_info').read().decode())\""))
+    info = json.loads(
+        host.check_output(
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/server_info').read().decode())\""
+        )
+    )
     assert info["mem_fraction_static"] == 0.5
     assert info["version"] == "0.5.23"
     assert info["internal_states"][0]["effective_max_running_requests_per_dp"] > 0

@@ -50,10 +50,25 @@ def test_unit_active_enabled_and_verified(host, name: str) -> None:
 def test_exec_start_is_exactly_the_expected_flags(host) -> None:
     want = {
         "gpu0": [
-            "--base-gpu-id", "0", "--enable-metrics", "--host", "127.0.0.1",
-            "--mamba-full-memory-ratio", "0.4", "--mamba-radix-cache-strategy", "extra_buffer",
-            "--max-mamba-cache-size", "80", "--model-path", "Qwen/Qwen3.6-27B", "--port", "30000",
-            "--served-model-name", "qwen3.6-27b", "--tp-size", "1",
+            "--base-gpu-id",
+            "0",
+            "--enable-metrics",
+            "--host",
+            "127.0.0.1",
+            "--mamba-full-memory-ratio",
+            "0.4",
+            "--mamba-radix-cache-strategy",
+            "extra_buffer",
+            "--max-mamba-cache-size",
+            "80",
+            "--model-path",
+            "Qwen/Qwen3.6-27B",
+            "--port",
+            "30000",
+            "--served-model-name",
+            "qwen3.6-27b",
+            "--tp-size",
+            "1",
         ],
     }
     running = cmdline(host, main_pid(host, "gpu0"))
@@ -71,7 +86,7 @@ def test_exec_start_is_exactly_the_expected_flags(host) -> None:
 def test_settings_visible_in_server_info(host) -> None:
     for name, port in INSTANCES.items():
         status, body = http(host, port, "/server_info")
-        assert status == 200, body
+        assert status == 200, (name, body)
         info = json.loads(body)
         assert info["max_mamba_cache_size"] == 80
         assert info["mamba_full_memory_ratio"] == 0.4

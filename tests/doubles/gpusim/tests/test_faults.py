@@ -77,8 +77,18 @@ def test_never_release(sim):
 
 
 def test_startup_crash_only_for_new_settings(sim):
-    sim.write_config({"faults": [{"kind": "startup_crash", "match": {"args": {"max_running_requests": 300}},
-                                  "at_fraction": 0.5, "message": "boom"}]})
+    sim.write_config(
+        {
+            "faults": [
+                {
+                    "kind": "startup_crash",
+                    "match": {"args": {"max_running_requests": 300}},
+                    "at_fraction": 0.5,
+                    "message": "boom",
+                }
+            ]
+        }
+    )
     bad = sim.start("--max-running-requests", "300")
     assert bad.wait_exit() == -signal.SIGKILL
     log = bad.log()
@@ -128,9 +138,20 @@ def test_port_taken_after_load(sim):
 
 
 def test_settings_mismatch(sim):
-    sim.write_config({"faults": [{"kind": "settings_mismatch",
-                                  "report": {"max_running_requests": 99, "effective_max_running_requests_per_dp": 99,
-                                             "mem_fraction_static": 0.5}}]})
+    sim.write_config(
+        {
+            "faults": [
+                {
+                    "kind": "settings_mismatch",
+                    "report": {
+                        "max_running_requests": 99,
+                        "effective_max_running_requests_per_dp": 99,
+                        "mem_fraction_static": 0.5,
+                    },
+                }
+            ]
+        }
+    )
     srv = sim.start("--max-running-requests", "50")
     srv.wait_healthy()
     info = srv.get_json("/server_info")
@@ -151,12 +172,17 @@ def test_config_errors_are_reported(sim):
 def test_scheduler_killed_during_init(sim):
     sim.write_config({"timing": {"startup_s": 3.0}})
     srv = sim.start()
-    pid = wait_for(lambda: next((p for p, (_, c) in srv.children().items() if c == "sglang::scheduler"), None),
-                   timeout=10, msg="scheduler")
+    pid = wait_for(
+        lambda: next((p for p, (_, c) in srv.children().items() if c == "sglang::scheduler"), None),
+        timeout=10,
+        msg="scheduler",
+    )
     os.kill(pid, signal.SIGKILL)
     assert srv.wait_exit() == 1
-    assert ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 "
-            "(SIGKILL), a common cause is the OS OOM killer.") in srv.log()
+    assert (
+        "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 "
+        "(SIGKILL), a common cause is the OS OOM killer."
+    ) in srv.log()
 
 
 def test_driver_not_loaded_breaks_server_start(sim):
@@ -167,8 +193,10 @@ def test_driver_not_loaded_breaks_server_start(sim):
     sim.write_config({"sglang_version": "0.5.23", "nvidia_smi": {"mode": "garbled"}})
     ok = sim.start()
     ok.wait_healthy()
-    assert ("Failed to get GPU memory capacity from nvidia-smi. Falling back to torch.cuda.mem_get_info(). "
-            "Reported total GPU memory per device (MiB): [143771") in ok.log()
+    assert (
+        "Failed to get GPU memory capacity from nvidia-smi. Falling back to torch.cuda.mem_get_info(). "
+        "Reported total GPU memory per device (MiB): [143771"
+    ) in ok.log()
 
 
 def test_invalid_device_ordinal(sim):

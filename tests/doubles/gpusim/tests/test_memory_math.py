@@ -12,8 +12,16 @@ from gpusim.versions import Version
 H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771}
 B200 = {"name": "NVIDIA B200", "memory_total_mib": 183359}
 RTX = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887}
-SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "4"]
+SPEC = [
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+]
 
 
 def setup(version: str, gpus: dict, argv: list[str], profile: str = "qwen3-8b", **extra):
@@ -28,13 +36,26 @@ def plan(version: str, gpus: dict, argv: list[str], profile: str = "qwen3-8b", o
     cfg, prof, res = setup(version, gpus, argv, profile)
     a = res.args
     inp = memory.MemoryInputs(
-        version=cfg.version, profile=prof, total_mib=cfg.gpus[0].memory_total_mib, others_mib=others, gpu_index=0,
-        mem_fraction_static=a["mem_fraction_static"], tp_size=a["tp_size"], spec=res.spec, spec_mtp=res.spec_mtp,
-        draft_tokens=res.draft_tokens, max_running_requests=a.get("max_running_requests"),
-        max_mamba_cache_size=a.get("max_mamba_cache_size"), mamba_full_memory_ratio=res.mamba_full_memory_ratio,
-        mamba_ssm_dtype=a.get("mamba_ssm_dtype"), mamba_ratio=res.mamba_ratio,
-        disable_radix_cache=bool(a.get("disable_radix_cache")), page_size=a["page_size"],
-        max_total_tokens=a.get("max_total_tokens"), context_len=res.context_len, cuda_graph_enabled=res.decode_graph,
+        version=cfg.version,
+        profile=prof,
+        total_mib=cfg.gpus[0].memory_total_mib,
+        others_mib=others,
+        gpu_index=0,
+        mem_fraction_static=a["mem_fraction_static"],
+        tp_size=a["tp_size"],
+        spec=res.spec,
+        spec_mtp=res.spec_mtp,
+        draft_tokens=res.draft_tokens,
+        max_running_requests=a.get("max_running_requests"),
+        max_mamba_cache_size=a.get("max_mamba_cache_size"),
+        mamba_full_memory_ratio=res.mamba_full_memory_ratio,
+        mamba_ssm_dtype=a.get("mamba_ssm_dtype"),
+        mamba_ratio=res.mamba_ratio,
+        disable_radix_cache=bool(a.get("disable_radix_cache")),
+        page_size=a["page_size"],
+        max_total_tokens=a.get("max_total_tokens"),
+        context_len=res.context_len,
+        cuda_graph_enabled=res.decode_graph,
     )
     return res, memory.plan(inp), inp
 
@@ -42,9 +63,14 @@ def plan(version: str, gpus: dict, argv: list[str], profile: str = "qwen3-8b", o
 @pytest.mark.parametrize(
     ("version", "gpus", "expected"),
     [
-        ("0.5.9", H200, 0.907), ("0.5.14", H200, 0.903), ("0.5.18", H200, 0.903), ("0.5.23", H200, 0.903),
-        ("0.5.9", B200, 0.857), ("0.5.23", B200, 0.854),
-        ("0.5.9", RTX, 0.863), ("0.5.23", RTX, 0.858),
+        ("0.5.9", H200, 0.907),
+        ("0.5.14", H200, 0.903),
+        ("0.5.18", H200, 0.903),
+        ("0.5.23", H200, 0.903),
+        ("0.5.9", B200, 0.857),
+        ("0.5.23", B200, 0.854),
+        ("0.5.9", RTX, 0.863),
+        ("0.5.23", RTX, 0.858),
     ],
 )
 def test_auto_mem_fraction_static(version, gpus, expected):
@@ -77,15 +103,33 @@ def test_spec_defaults_v9_and_v23():
     assert a["max_running_requests"] == 48
     assert a["disable_overlap_schedule"] is True
     assert a["mem_fraction_static"] == round((143771 - 13440 - 2048) / 143771, 3)
-    assert ("warning", "Max running requests is reset to 48 for speculative decoding. You can override this by "
-            "explicitly setting --max-running-requests.") in res.messages
-    _, _, res = setup("0.5.23", H200, ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-                                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"])
+    assert (
+        "warning",
+        "Max running requests is reset to 48 for speculative decoding. You can override this by "
+        "explicitly setting --max-running-requests.",
+    ) in res.messages
+    _, _, res = setup(
+        "0.5.23",
+        H200,
+        [
+            "--speculative-algorithm",
+            "EAGLE",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "6",
+        ],
+    )
     assert res.args["speculative_num_draft_tokens"] == 4
     assert res.args["disable_overlap_schedule"] is False
     _, _, res = setup("0.5.23", H200, ["--speculative-algorithm", "EAGLE"])
-    assert (res.args["speculative_num_steps"], res.args["speculative_eagle_topk"],
-            res.args["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert (
+        res.args["speculative_num_steps"],
+        res.args["speculative_eagle_topk"],
+        res.args["speculative_num_draft_tokens"],
+    ) == (3, 1, 4)
 
 
 def test_served_model_name_and_seed_defaults():
@@ -95,19 +139,32 @@ def test_served_model_name_and_seed_defaults():
 
 
 def test_qwen36_mtp_b200_mamba_80_gives_16():
-    res, p, _ = plan("0.5.23", B200, [*SPEC, "--max-mamba-cache-size", "80", "--mamba-full-memory-ratio", "0.4"],
-                     "qwen3.6-27b")
+    res, p, _ = plan(
+        "0.5.23", B200, [*SPEC, "--max-mamba-cache-size", "80", "--mamba-full-memory-ratio", "0.4"], "qwen3.6-27b"
+    )
     assert res.mamba_strategy == "extra_buffer" and res.mamba_ratio == 5
     assert p.mamba_k == 80
     assert p.max_running == 16
-    assert any("capped to 16 by the mamba state cache (max_mamba_cache_size=80, 5 state slots" in w
-               for w in p.warnings)
+    assert any("capped to 16 by the mamba state cache (max_mamba_cache_size=80, 5 state slots" in w for w in p.warnings)
 
 
 def test_qwen36_mtp_b200_mamba_200_gives_40():
-    _, p, _ = plan("0.5.23", B200, [*SPEC, "--max-mamba-cache-size", "200", "--mamba-full-memory-ratio", "0.6",
-                                      "--mem-fraction-static", "0.93", "--max-running-requests", "64"],
-                     "qwen3.6-27b")
+    _, p, _ = plan(
+        "0.5.23",
+        B200,
+        [
+            *SPEC,
+            "--max-mamba-cache-size",
+            "200",
+            "--mamba-full-memory-ratio",
+            "0.6",
+            "--mem-fraction-static",
+            "0.93",
+            "--max-running-requests",
+            "64",
+        ],
+        "qwen3.6-27b",
+    )
     assert p.max_running == 40
     assert p.kv_tokens > 80
 
@@ -123,8 +180,10 @@ def test_qwen36_slot_size():
 def test_v14_blames_kv_cache_and_v9_disables_radix():
     _, p, _ = plan("0.5.14", B200, [*SPEC, "--max-mamba-cache-size", "80"], "qwen3.6-27b")
     assert p.max_running == 16
-    assert p.warnings == ["max_running_requests was reduced from the requested 48 to 16 (per dp worker) due to the "
-                          "available KV cache capacity."]
+    assert p.warnings == [
+        "max_running_requests was reduced from the requested 48 to 16 (per dp worker) due to the "
+        "available KV cache capacity."
+    ]
     res, p, _ = plan("0.5.9", B200, SPEC, "qwen3.6-27b")
     assert res.args["disable_radix_cache"] is True and res.mamba_ratio == 1
     assert p.mamba_k == 48 and p.max_running == 48
@@ -132,15 +191,36 @@ def test_v14_blames_kv_cache_and_v9_disables_radix():
 
 def test_reference_illustration_auto_k():
     """rest = 60 GiB, per_req = 0.1 GiB, r = 0.9, D = 4 (reference 6.3 table)."""
-    prof = ModelProfile(name="x", architectures=["X"], model_type="x", weights_gib=0, num_layers=4,
-                        full_attention_layers=1, num_kv_heads=1, head_dim=64, context_length=4096,
-                        mamba_ssm_state_bytes=int(0.1 * 2**30), context_mib=0)
+    prof = ModelProfile(
+        name="x",
+        architectures=["X"],
+        model_type="x",
+        weights_gib=0,
+        num_layers=4,
+        full_attention_layers=1,
+        num_kv_heads=1,
+        head_dim=64,
+        context_length=4096,
+        mamba_ssm_state_bytes=int(0.1 * 2**30),
+        context_mib=0,
+    )
     total = 100 * 1024
+
     # mem_fraction 0.6 on 100 GiB with nothing loaded leaves rest = 100 - 40 = 60 GiB.
     def k(version: str, spec: bool, ratio: int, mrr=None) -> tuple[int, int]:
-        inp = memory.MemoryInputs(version=Version.of(version), profile=prof, total_mib=total, others_mib=0,
-                                  gpu_index=0, mem_fraction_static=0.6, spec=spec, draft_tokens=4 if spec else 0,
-                                  max_running_requests=mrr, mamba_ratio=ratio, context_len=4096)
+        inp = memory.MemoryInputs(
+            version=Version.of(version),
+            profile=prof,
+            total_mib=total,
+            others_mib=0,
+            gpu_index=0,
+            mem_fraction_static=0.6,
+            spec=spec,
+            draft_tokens=4 if spec else 0,
+            max_running_requests=mrr,
+            mamba_ratio=ratio,
+            context_len=4096,
+        )
         p = memory.plan(inp)
         return p.mamba_k, p.max_running
 

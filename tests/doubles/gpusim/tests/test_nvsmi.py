@@ -19,8 +19,9 @@ UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9
 def holder(sim):
     """A live process registered as holding 1000 MiB on GPU 1."""
     proc = subprocess.Popen(["sleep", "60"])
-    alloc = registry.Allocation(pid=proc.pid, start_time=procutil.start_time(proc.pid), gpu=1, mib=1000,
-                                title="sglang::scheduler")
+    alloc = registry.Allocation(
+        pid=proc.pid, start_time=procutil.start_time(proc.pid), gpu=1, mib=1000, title="sglang::scheduler"
+    )
     handle = registry.AllocationHandle(sim.state, alloc)
     yield proc, handle
     proc.kill()
@@ -44,8 +45,12 @@ def test_query_gpu_formats(sim):
 
 
 def test_other_fields_and_selection(sim):
-    res = sim.nvsmi("--query-gpu=driver_version,compute_cap,pci.bus_id,count,utilization.gpu,memory.free",
-                    "--format=csv,noheader", "-i", "0,2")
+    res = sim.nvsmi(
+        "--query-gpu=driver_version,compute_cap,pci.bus_id,count,utilization.gpu,memory.free",
+        "--format=csv,noheader",
+        "-i",
+        "0,2",
+    )
     rows = res.stdout.splitlines()
     assert len(rows) == 2
     assert rows[0] == "580.105.08, 9.0, 00000000:18:00.0, 8, 0 %, 143771 MiB"
@@ -71,9 +76,19 @@ def test_uuids_are_deterministic_and_seeded(sim):
 
 
 def test_gpu_config_overrides(sim):
-    sim.write_config({"gpus": {"count": 2, "name": "NVIDIA B200", "memory_total_mib": 183359, "idle_used_mib": 1,
-                               "devices": [{"index": 1, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                                            "memory_total_mib": 97887}]}})
+    sim.write_config(
+        {
+            "gpus": {
+                "count": 2,
+                "name": "NVIDIA B200",
+                "memory_total_mib": 183359,
+                "idle_used_mib": 1,
+                "devices": [
+                    {"index": 1, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887}
+                ],
+            }
+        }
+    )
     res = sim.nvsmi("--query-gpu=name,memory.total,memory.used,compute_cap", "--format=csv,noheader,nounits")
     assert res.stdout.splitlines() == [
         "NVIDIA B200, 183359, 1, 10.0",
@@ -140,8 +155,14 @@ def test_zombie_holder_is_dead(sim):
 
 def test_never_release_until_reset(sim):
     proc = subprocess.Popen(["sleep", "60"])
-    alloc = registry.Allocation(pid=proc.pid, start_time=procutil.start_time(proc.pid), gpu=2, mib=777,
-                                title="sglang::scheduler", never_release=True)
+    alloc = registry.Allocation(
+        pid=proc.pid,
+        start_time=procutil.start_time(proc.pid),
+        gpu=2,
+        mib=777,
+        title="sglang::scheduler",
+        never_release=True,
+    )
     registry.AllocationHandle(sim.state, alloc)
     proc.kill()
     proc.wait()
@@ -164,8 +185,12 @@ def test_pid_reuse_is_not_mistaken_for_the_holder(sim, holder):
 @pytest.mark.parametrize(
     ("mode", "code", "text"),
     [
-        ("driver_not_loaded", 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                                 "Make sure that the latest NVIDIA driver is installed and running.\n"),
+        (
+            "driver_not_loaded",
+            9,
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.\n",
+        ),
         ("library_mismatch", 18, "Failed to initialize NVML: Driver/library version mismatch\n"),
     ],
 )

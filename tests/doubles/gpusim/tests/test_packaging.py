@@ -52,6 +52,10 @@ def test_wheel_contents_and_console_scripts(tmp_path: Path):
     assert res.stdout.count("NVIDIA H200") == 2
     res = subprocess.run(["gpusim", "setup"], env=env, capture_output=True, text=True, check=True)
     assert (tmp_path / "state" / "allocations").is_dir() and (tmp_path / "dev" / "nvidia1").exists()
-    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--bogus"], env=env,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--bogus"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "sglang serve: error: unrecognized arguments: --bogus" in res.stderr

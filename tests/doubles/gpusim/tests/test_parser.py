@@ -32,8 +32,16 @@ def parse_error(version: str, capsys, *args: str, with_model: bool = True) -> st
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.18", "0.5.23"])
 @pytest.mark.parametrize(
     "args",
-    [["--tp", "2"], ["--dp", "2"], ["--mem", "0.8"], ["--max-running", "8"], ["--chunked", "4096"],
-     ["--base", "1"], ["--served", "x"], ["--api", "k"]],
+    [
+        ["--tp", "2"],
+        ["--dp", "2"],
+        ["--mem", "0.8"],
+        ["--max-running", "8"],
+        ["--chunked", "4096"],
+        ["--base", "1"],
+        ["--served", "x"],
+        ["--api", "k"],
+    ],
 )
 def test_unique_prefixes_parse_everywhere(version, args):
     parse(version, *args)
@@ -52,14 +60,27 @@ def test_prefix_values_land_in_the_right_fields():
         ("0.5.18", ["--trust"], "ambiguous option: --trust could match --trust-remote-code, --trust-mm-content-hashes"),
         ("0.5.23", ["--context", "4096"], "ambiguous option: --context could match --context-length, --context-bucket"),
         ("0.5.23", ["--page", "64"], "ambiguous option: --page could match --page-size, --paged-experts-num-resident"),
-        ("0.5.9", ["--attention", "fa3"],
-         "ambiguous option: --attention could match --attention-context-parallel-size, --attention-backend"),
-        ("0.5.9", ["--decode", "10"],
-         "ambiguous option: --decode could match --decode-log-interval, --decode-attention-backend"),
-        ("0.5.23", ["--cuda-graph-max-bs", "8"],
-         "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
-        ("0.5.23", ["--cuda-graph-max-bs=8"],
-         "ambiguous option: --cuda-graph-max-bs=8 could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+        (
+            "0.5.9",
+            ["--attention", "fa3"],
+            "ambiguous option: --attention could match --attention-context-parallel-size, --attention-backend",
+        ),
+        (
+            "0.5.9",
+            ["--decode", "10"],
+            "ambiguous option: --decode could match --decode-log-interval, --decode-attention-backend",
+        ),
+        (
+            "0.5.23",
+            ["--cuda-graph-max-bs", "8"],
+            "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        ),
+        (
+            "0.5.23",
+            ["--cuda-graph-max-bs=8"],
+            "ambiguous option: --cuda-graph-max-bs=8 could match "
+            "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        ),
     ],
 )
 def test_ambiguous_prefixes(version, args, expected, capsys):
@@ -85,20 +106,32 @@ def test_prefixes_that_still_work_on_old_versions():
         ("0.5.23", ["--disable-piecewise-cuda-graph"], "unrecognized arguments: --disable-piecewise-cuda-graph"),
         ("0.5.14", ["--enable-piecewise-cuda-graph"], "unrecognized arguments: --enable-piecewise-cuda-graph"),
         ("0.5.9", ["--cuda-graph-max-bs-decode", "8"], "unrecognized arguments: --cuda-graph-max-bs-decode 8"),
-        ("0.5.23", ["--schedule-policy", "xyz"],
-         "argument --schedule-policy: invalid choice: 'xyz' (choose from 'lpm', 'random', 'fcfs', 'dfs-weight', "
-         "'lof', 'priority', 'routing-key', 'hrrn', 'shortest-prefill-first')"),
-        ("0.5.9", ["--schedule-policy", "xyz"],
-         "argument --schedule-policy: invalid choice: 'xyz' (choose from 'lpm', 'random', 'fcfs', 'dfs-weight', "
-         "'lof', 'priority', 'routing-key')"),
+        (
+            "0.5.23",
+            ["--schedule-policy", "xyz"],
+            "argument --schedule-policy: invalid choice: 'xyz' (choose from 'lpm', 'random', 'fcfs', 'dfs-weight', "
+            "'lof', 'priority', 'routing-key', 'hrrn', 'shortest-prefill-first')",
+        ),
+        (
+            "0.5.9",
+            ["--schedule-policy", "xyz"],
+            "argument --schedule-policy: invalid choice: 'xyz' (choose from 'lpm', 'random', 'fcfs', 'dfs-weight', "
+            "'lof', 'priority', 'routing-key')",
+        ),
         ("0.5.23", ["--port", "abc"], "argument --port: invalid int value: 'abc'"),
         ("0.5.23", ["--mem-fraction-static", "abc"], "argument --mem-fraction-static: invalid float value: 'abc'"),
         ("0.5.9", ["--context-length", "32k"], "argument --context-length: invalid int value: '32k'"),
-        ("0.5.23", ["--context-length", "abc"],
-         "argument --context-length: Invalid integer value: 'abc'. Use a plain integer, SI suffixes (1k, 1M), or "
-         "IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive."),
-        ("0.5.23", ["--attention-backend", "cutlass_mla"],
-         "argument --attention-backend: invalid choice: 'cutlass_mla'"),
+        (
+            "0.5.23",
+            ["--context-length", "abc"],
+            "argument --context-length: Invalid integer value: 'abc'. Use a plain integer, SI suffixes (1k, 1M), or "
+            "IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive.",
+        ),
+        (
+            "0.5.23",
+            ["--attention-backend", "cutlass_mla"],
+            "argument --attention-backend: invalid choice: 'cutlass_mla'",
+        ),
         ("0.5.23", ["--kv-cache-dtype", "fp4_e2m1"], "argument --kv-cache-dtype: invalid choice: 'fp4_e2m1'"),
     ],
 )
@@ -120,21 +153,46 @@ def test_human_readable_ints():
 @pytest.mark.parametrize(
     ("version", "args", "dest", "value", "message"),
     [
-        ("0.5.14", ["--cuda-graph-max-bs", "8"], "cuda_graph_max_bs_decode", 8,
-         "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. "
-         "Use '--cuda-graph-max-bs-decode' instead."),
-        ("0.5.18", ["--mamba-scheduler-strategy", "extra_buffer"], "mamba_radix_cache_strategy", "extra_buffer",
-         "'--mamba-scheduler-strategy' is deprecated and will be removed in a future release. "
-         "Use '--mamba-radix-cache-strategy' instead."),
-        ("0.5.23", ["--disable-cuda-graph"], "disable_cuda_graph", True,
-         "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
-         "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead."),
-        ("0.5.14", ["--disable-piecewise-cuda-graph"], "cuda_graph_backend_prefill", "disabled",
-         "'--disable-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
-         "Use '--cuda-graph-backend-prefill=disabled' instead."),
-        ("0.5.14", ["--enforce-piecewise-cuda-graph"], "cuda_graph_backend_prefill", "tc_piecewise",
-         "'--enforce-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
-         "Use '--cuda-graph-backend-prefill=tc_piecewise' instead."),
+        (
+            "0.5.14",
+            ["--cuda-graph-max-bs", "8"],
+            "cuda_graph_max_bs_decode",
+            8,
+            "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-max-bs-decode' instead.",
+        ),
+        (
+            "0.5.18",
+            ["--mamba-scheduler-strategy", "extra_buffer"],
+            "mamba_radix_cache_strategy",
+            "extra_buffer",
+            "'--mamba-scheduler-strategy' is deprecated and will be removed in a future release. "
+            "Use '--mamba-radix-cache-strategy' instead.",
+        ),
+        (
+            "0.5.23",
+            ["--disable-cuda-graph"],
+            "disable_cuda_graph",
+            True,
+            "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead.",
+        ),
+        (
+            "0.5.14",
+            ["--disable-piecewise-cuda-graph"],
+            "cuda_graph_backend_prefill",
+            "disabled",
+            "'--disable-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-prefill=disabled' instead.",
+        ),
+        (
+            "0.5.14",
+            ["--enforce-piecewise-cuda-graph"],
+            "cuda_graph_backend_prefill",
+            "tc_piecewise",
+            "'--enforce-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-prefill=tc_piecewise' instead.",
+        ),
     ],
 )
 def test_deprecated_aliases_warn_in_yellow_and_take_effect(version, args, dest, value, message, capsys):
@@ -151,8 +209,17 @@ def test_deprecated_prefix_abbreviation_warns_with_full_name(capsys):
 
 
 def test_boolean_optional_and_custom_types():
-    a = parse("0.5.23", "--no-dllm-fdfo", "--lora-paths", "a=/x", '{"lora_name": "b", "lora_path": "/y"}',
-              "--quantization-param-path", "None", "--extra-metric-labels", '{"a": "b"}')
+    a = parse(
+        "0.5.23",
+        "--no-dllm-fdfo",
+        "--lora-paths",
+        "a=/x",
+        '{"lora_name": "b", "lora_path": "/y"}',
+        "--quantization-param-path",
+        "None",
+        "--extra-metric-labels",
+        '{"a": "b"}',
+    )
     assert a["dllm_fdfo"] is False
     assert a["lora_paths"] == ["a=/x", {"lora_name": "b", "lora_path": "/y"}]
     assert a["quantization_param_path"] is None

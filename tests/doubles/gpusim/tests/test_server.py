@@ -18,8 +18,16 @@ from conftest import wait_for
 from gpusim import procutil
 
 B200_QWEN36 = {"gpus": {"name": "NVIDIA B200", "memory_total_mib": 183359}, "model": {"profile": "qwen3.6-27b"}}
-SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "4"]
+SPEC = [
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+]
 
 
 def connectable(port: int) -> bool:
@@ -89,8 +97,10 @@ def test_process_tree_titles_comm_and_devices(sim):
     used = sim.memory_used()
     assert used[3] > 100000 and used[5] > 100000 and used[0] == 0 and used[4] == 0
     sched = {cmd: pid for pid, (_, cmd) in kids.items()}
-    links = {os.readlink(f"/proc/{sched['sglang::scheduler_TP1']}/fd/{fd}")
-             for fd in os.listdir(f"/proc/{sched['sglang::scheduler_TP1']}/fd")}
+    links = {
+        os.readlink(f"/proc/{sched['sglang::scheduler_TP1']}/fd/{fd}")
+        for fd in os.listdir(f"/proc/{sched['sglang::scheduler_TP1']}/fd")
+    }
     assert str(sim.devices / "nvidia5") in links and str(sim.devices / "nvidiactl") in links
     main_links = {os.readlink(f"/proc/{srv.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{srv.pid}/fd")}
     assert not any("nvidia" in link for link in main_links)
@@ -132,8 +142,19 @@ def test_memory_follows_mem_fraction_static_and_grows_during_startup(sim):
     ("extra", "expected"),
     [
         (["--max-mamba-cache-size", "80", "--mamba-full-memory-ratio", "0.4"], 16),
-        (["--max-mamba-cache-size", "200", "--mamba-full-memory-ratio", "0.6", "--mem-fraction-static", "0.93",
-          "--max-running-requests", "64"], 40),
+        (
+            [
+                "--max-mamba-cache-size",
+                "200",
+                "--mamba-full-memory-ratio",
+                "0.6",
+                "--mem-fraction-static",
+                "0.93",
+                "--max-running-requests",
+                "64",
+            ],
+            40,
+        ),
     ],
 )
 def test_server_info_effective_max_running_mamba_mtp(sim, extra, expected):
@@ -149,9 +170,13 @@ def test_server_info_effective_max_running_mamba_mtp(sim, extra, expected):
     assert "startup_time" in info and "max_req_input_len" in info
     log = srv.log()
     assert f"max_running_requests is capped to {expected} by the mamba state cache" in log
-    assert re.search(r"Mamba Cache is allocated\. max_mamba_cache_size: \d+, conv_state size: [\d.]+GB, "
-                     r"ssm_state size: [\d.]+GB intermediate_ssm_state_cache size: [\d.]+GB "
-                     r"intermediate_conv_window_cache size: [\d.]+GB $", log, re.M)
+    assert re.search(
+        r"Mamba Cache is allocated\. max_mamba_cache_size: \d+, conv_state size: [\d.]+GB, "
+        r"ssm_state size: [\d.]+GB intermediate_ssm_state_cache size: [\d.]+GB "
+        r"intermediate_conv_window_cache size: [\d.]+GB $",
+        log,
+        re.M,
+    )
     assert f"max_running_requests={expected}, context_len=262144" in log
 
 
@@ -191,12 +216,15 @@ def test_metrics_off_and_on(sim):
     assert f"sglang:token_usage{{{labels}}} " in text
     assert f"sglang:gen_throughput{{{labels}}} " in text
     assert re.search(rf"sglang:max_total_num_tokens{{{re.escape(labels)}}} \d\.\d+e\+\d\d", text)
-    assert '# TYPE sglang:prompt_tokens_total counter' in text
-    m = re.search(r'sglang:num_requests_total\{engine_type="unified",is_streaming="false",'
-                  r'model_name="my-model"\} (\S+)', text)
+    assert "# TYPE sglang:prompt_tokens_total counter" in text
+    m = re.search(
+        r'sglang:num_requests_total\{engine_type="unified",is_streaming="false",'
+        r'model_name="my-model"\} (\S+)',
+        text,
+    )
     assert m and float(m.group(1)) >= 1
     # the warmup's 8 tokens count too, health probes do not
-    assert re.search(r'sglang:generation_tokens_total\{[^}]*\} 12\.0', text)
+    assert re.search(r"sglang:generation_tokens_total\{[^}]*\} 12\.0", text)
     assert 'sglang:time_to_first_token_seconds_bucket{engine_type="unified",is_streaming="false",le="0.1",' in text
     assert "sglang:mamba_usage" not in text
 
@@ -231,8 +259,12 @@ def test_api_key(sim):
 
 
 def test_deterministic_completions_and_shapes(sim):
-    sim.write_config({"model": {"profile": "tiny", "overrides": {"reasoning": True}},
-                      "generation": {"output_tokens_min": 12, "output_tokens_max": 40}})
+    sim.write_config(
+        {
+            "model": {"profile": "tiny", "overrides": {"reasoning": True}},
+            "generation": {"output_tokens_min": 12, "output_tokens_max": 40},
+        }
+    )
     srv = sim.start("--reasoning-parser", "qwen3")
     srv.wait_healthy()
     body = {"text": "Tell me about GPUs", "sampling_params": {"max_new_tokens": 100, "temperature": 0}}
@@ -269,18 +301,26 @@ def test_deterministic_completions_and_shapes(sim):
 def test_streaming(sim):
     srv = sim.start()
     srv.wait_healthy()
-    status, raw, headers = srv.request("POST", "/generate", {"text": "x", "stream": True,
-                                                             "sampling_params": {"max_new_tokens": 5}})
+    status, raw, headers = srv.request(
+        "POST", "/generate", {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 5}}
+    )
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = [e[len("data: "):] for e in raw.decode().split("\n\n") if e]
+    events = [e[len("data: ") :] for e in raw.decode().split("\n\n") if e]
     assert events[-1] == "[DONE]"
     parsed = [json.loads(e) for e in events[:-1]]
     assert parsed[0]["meta_info"]["finish_reason"] is None
     assert parsed[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert all(parsed[i]["text"].startswith(parsed[i - 1]["text"]) for i in range(1, len(parsed)))
-    status, raw, _ = srv.request("POST", "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 4,
-        "stream_options": {"include_usage": True}})
+    status, raw, _ = srv.request(
+        "POST",
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "max_tokens": 4,
+            "stream_options": {"include_usage": True},
+        },
+    )
     chunks = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e and e != "data: [DONE]"]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
@@ -289,8 +329,12 @@ def test_streaming(sim):
 
 
 def test_queueing_above_effective_limit(sim):
-    sim.write_config({"timing": {"step_base_s": 0.02, "step_per_req_s": 0.0},
-                      "generation": {"output_tokens_min": 30, "output_tokens_max": 30}})
+    sim.write_config(
+        {
+            "timing": {"step_base_s": 0.02, "step_per_req_s": 0.0},
+            "generation": {"output_tokens_min": 30, "output_tokens_max": 30},
+        }
+    )
     limited = sim.start("--max-running-requests", "2", "--decode-log-interval", "5", "--enable-metrics")
     wide = sim.start("--max-running-requests", "8")
     limited.wait_healthy()
@@ -299,8 +343,10 @@ def test_queueing_above_effective_limit(sim):
     def burst(srv) -> float:
         start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            futs = [pool.submit(srv.post, "/generate", {"text": f"q{i}", "sampling_params": {"max_new_tokens": 20}})
-                    for i in range(6)]
+            futs = [
+                pool.submit(srv.post, "/generate", {"text": f"q{i}", "sampling_params": {"max_new_tokens": 20}})
+                for i in range(6)
+            ]
             assert all(f.result()[0] == 200 for f in futs)
         return time.monotonic() - start
 
@@ -308,8 +354,12 @@ def test_queueing_above_effective_limit(sim):
     t_wide = burst(wide)
     assert t_limited > 2.2 * t_wide
     log = limited.log()
-    assert re.search(r"Decode batch, #running-req: 2, #token: \d+, token usage: [\d.]+, cuda graph: True, "
-                     r"gen throughput \(token/s\): [\d.]+, #queue-req: [1-4]$", log, re.M)
+    assert re.search(
+        r"Decode batch, #running-req: 2, #token: \d+, token usage: [\d.]+, cuda graph: True, "
+        r"gen throughput \(token/s\): [\d.]+, #queue-req: [1-4]$",
+        log,
+        re.M,
+    )
     assert "#running-req: 3" not in log
 
 
@@ -322,9 +372,12 @@ def test_many_concurrent_connections(sim):
             s = socket.create_connection(("127.0.0.1", srv.port))
             socks.append(s)
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            res = list(pool.map(lambda i: srv.post("/generate", {"text": f"c{i}",
-                                                                 "sampling_params": {"max_new_tokens": 2}})[0],
-                                range(200)))
+            res = list(
+                pool.map(
+                    lambda i: srv.post("/generate", {"text": f"c{i}", "sampling_params": {"max_new_tokens": 2}})[0],
+                    range(200),
+                )
+            )
         assert res.count(200) == 200
     finally:
         for s in socks:
@@ -332,8 +385,13 @@ def test_many_concurrent_connections(sim):
 
 
 def _slow(sim, version: str):
-    sim.write_config({"sglang_version": version, "timing": {"step_base_s": 0.05, "drain_poll_s": 0.3},
-                      "generation": {"output_tokens_min": 200, "output_tokens_max": 200}})
+    sim.write_config(
+        {
+            "sglang_version": version,
+            "timing": {"step_base_s": 0.05, "drain_poll_s": 0.3},
+            "generation": {"output_tokens_min": 200, "output_tokens_max": 200},
+        }
+    )
 
 
 def test_sigterm_drain_waits_for_inflight(sim):
@@ -416,8 +474,11 @@ def test_child_death_watchdog_v23_and_zombie_service_v9(sim):
     sched = next(p for p, (_, cmd) in srv.children().items() if cmd == "sglang::scheduler")
     os.kill(sched, signal.SIGKILL)
     assert srv.wait_exit() == -signal.SIGKILL
-    assert re.search(rf"Subprocess scheduler_0 \(pid={sched}\) crashed with exit code -9\. "
-                     r"Triggering SIGQUIT for cleanup\.\.\.", srv.log())
+    assert re.search(
+        rf"Subprocess scheduler_0 \(pid={sched}\) crashed with exit code -9\. "
+        r"Triggering SIGQUIT for cleanup\.\.\.",
+        srv.log(),
+    )
 
     # GPU 0 still holds the killed scheduler's memory until the release delay: use GPU 1.
     sim.write_config({"sglang_version": "0.5.9", "timing": {"health_timeout_s": 1.0}})
@@ -450,8 +511,10 @@ def test_natural_port_conflict_with_old_server(sim):
     code = new.wait_exit(timeout=20)
     log = new.log()
     assert code == 1
-    assert (f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {old.port}): "
-            "[errno 98] address already in use") in log
+    assert (
+        f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {old.port}): "
+        "[errno 98] address already in use"
+    ) in log
     assert log.index("[Errno 98]") < log.index("The server is fired up and ready to roll!")
     assert old.health() == 200
     wait_for(lambda: len(sim.compute_apps()) == 1, timeout=5, msg="new scheduler gone")
@@ -465,19 +528,33 @@ def test_flush_cache(sim):
 
 
 def test_hybrid_spec_batch_log_layout(sim):
-    sim.write_config({**B200_QWEN36, "sglang_version": "0.5.23", "timing": {"step_base_s": 0.01},
-                      "generation": {"output_tokens_min": 60, "output_tokens_max": 60}})
+    sim.write_config(
+        {
+            **B200_QWEN36,
+            "sglang_version": "0.5.23",
+            "timing": {"step_base_s": 0.01},
+            "generation": {"output_tokens_min": 60, "output_tokens_max": 60},
+        }
+    )
     srv = sim.start(*SPEC, "--max-mamba-cache-size", "80", "--decode-log-interval", "3", model="Qwen/Qwen3.6-27B")
     srv.wait_healthy()
     _, out = srv.post("/generate", {"text": "spec", "sampling_params": {"max_new_tokens": 40}})
     assert out["meta_info"]["spec_verify_ct"] > 0 and out["meta_info"]["spec_accept_length"] > 1
     log = srv.log()
-    assert re.search(r"Prefill batch, #new-seq: 1, #new-token: \d+, #cached-token: 0, full token usage: 0\.00, "
-                     r"mamba usage: [\d.]+, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: True, "
-                     r"input throughput \(token/s\): [\d.]+$", log, re.M)
-    assert re.search(r"Decode batch, #running-req: 1, #full token: \d+, full token usage: 0\.00, mamba num: 5, "
-                     r"mamba usage: 0\.06, accept len: [\d.]+, accept rate: [\d.]+, cuda graph: True, "
-                     r"gen throughput \(token/s\): [\d.]+, #queue-req: 0$", log, re.M)
+    assert re.search(
+        r"Prefill batch, #new-seq: 1, #new-token: \d+, #cached-token: 0, full token usage: 0\.00, "
+        r"mamba usage: [\d.]+, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: True, "
+        r"input throughput \(token/s\): [\d.]+$",
+        log,
+        re.M,
+    )
+    assert re.search(
+        r"Decode batch, #running-req: 1, #full token: \d+, full token usage: 0\.00, mamba num: 5, "
+        r"mamba usage: 0\.06, accept len: [\d.]+, accept rate: [\d.]+, cuda graph: True, "
+        r"gen throughput \(token/s\): [\d.]+, #queue-req: 0$",
+        log,
+        re.M,
+    )
     state = srv.get_json("/server_info")["internal_states"][0]
     assert state["avg_spec_accept_length"] > 1
 
@@ -487,11 +564,18 @@ def test_v9_prefill_layout_and_bare_resolution_warnings(sim):
     srv = sim.start("--speculative-algorithm", "EAGLE")
     srv.wait_healthy()
     log = srv.log()
-    assert re.search(r"^Max running requests is reset to 48 for speculative decoding\. You can override this by "
-                     r"explicitly setting --max-running-requests\.$", log, re.M)
-    assert re.search(r"Prefill batch, #new-seq: 1, #new-token: 8, #cached-token: 0, token usage: 0\.00, "
-                     r"#running-req: 0, #queue-req: 0, input throughput \(token/s\): [\d.]+, cuda graph: False$",
-                     log, re.M)
+    assert re.search(
+        r"^Max running requests is reset to 48 for speculative decoding\. You can override this by "
+        r"explicitly setting --max-running-requests\.$",
+        log,
+        re.M,
+    )
+    assert re.search(
+        r"Prefill batch, #new-seq: 1, #new-token: 8, #cached-token: 0, token usage: 0\.00, "
+        r"#running-req: 0, #queue-req: 0, input throughput \(token/s\): [\d.]+, cuda graph: False$",
+        log,
+        re.M,
+    )
     assert "KV Cache is allocated. #tokens: " in log
     assert "Load weight end. elapsed=" in log and "dtype=torch.bfloat16" in log
 

@@ -224,7 +224,7 @@ def test_query_gpus_parses_noheader_nounits(tmp_path: Path) -> None:
     [
         ("exit 0", "no GPU rows"),  # empty output is never success
         (
-            "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9",
+            'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
             "rc=9",
         ),
         ("printf '0, GPU-aaaa, [N/A], 143771\\n'", "unparsable"),
@@ -311,8 +311,29 @@ def test_argv_matches_treats_env_substitution_as_a_wildcard() -> None:
 
 
 def test_argv_diff() -> None:
-    before = ["py", "-m", "sglang.launch_server", "--max-mamba-cache-size", "80", "--disable-radix-cache", "--a", "x", "y"]
-    after = ["py", "-m", "sglang.launch_server", "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93", "--a", "x", "y"]
+    before = [
+        "py",
+        "-m",
+        "sglang.launch_server",
+        "--max-mamba-cache-size",
+        "80",
+        "--disable-radix-cache",
+        "--a",
+        "x",
+        "y",
+    ]
+    after = [
+        "py",
+        "-m",
+        "sglang.launch_server",
+        "--max-mamba-cache-size",
+        "200",
+        "--mem-fraction-static",
+        "0.93",
+        "--a",
+        "x",
+        "y",
+    ]
     assert argv_diff(before, after) == {
         "changed": {"--max-mamba-cache-size": ["80", "200"]},
         "added": {"--mem-fraction-static": "0.93"},

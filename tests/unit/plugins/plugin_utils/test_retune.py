@@ -33,7 +33,9 @@ def instance(name: str, port: int, argv: list[str] = ARGV_NEW) -> dict[str, Any]
     }
 
 
-def facts(name: str, *, running: bool = True, argv: list[str] = ARGV_OLD, mamba: int = 80, **extra: Any) -> dict[str, Any]:
+def facts(
+    name: str, *, running: bool = True, argv: list[str] = ARGV_OLD, mamba: int = 80, **extra: Any
+) -> dict[str, Any]:
     base = {
         "name": name,
         "running": running,
@@ -78,13 +80,21 @@ class Host:
         if op == "record":
             return {"instances": {}, "containers": {}}
         if op == "stop":
-            return {"instances": {n: {"dead": True, "time_to_dead_s": 1.5, "killed": [], "escalated": False} for n in names}}
+            return {
+                "instances": {n: {"dead": True, "time_to_dead_s": 1.5, "killed": [], "escalated": False} for n in names}
+            }
         if op == "release":
             return {"instances": {n: {"released": True, "time_to_release_s": 3.0, "used_mib": {"0": 0}} for n in names}}
         if op == "start":
             return {
                 "instances": {
-                    n: {"started": True, "healthy": True, "new_main_pid": 2000, "time_to_healthy_s": 9.0, "effective_max_running_requests": 40}
+                    n: {
+                        "started": True,
+                        "healthy": True,
+                        "new_main_pid": 2000,
+                        "time_to_healthy_s": 9.0,
+                        "effective_max_running_requests": 40,
+                    }
                     for n in names
                 }
             }
@@ -115,7 +125,10 @@ def test_unchanged_means_running_healthy_and_reporting_the_desired_settings() ->
         ({"health_status": 503}, "/health answered 503"),
         ({"server_info": {"max_mamba_cache_size": 80}}, "max_mamba_cache_size=80 (desired 200)"),
         ({"server_info_status": 401, "server_info_error": "Unauthorized"}, "/server_info answered 401"),
-        ({"env_mismatches": {"CUDA_VISIBLE_DEVICES": {"expected": "0", "running": "1"}}}, "CUDA_VISIBLE_DEVICES='1'→'0'"),
+        (
+            {"env_mismatches": {"CUDA_VISIBLE_DEVICES": {"expected": "0", "running": "1"}}},
+            "CUDA_VISIBLE_DEVICES='1'→'0'",
+        ),
     ],
 )
 def test_each_difference_is_a_reason_to_relaunch(override: dict[str, Any], needle: str) -> None:
@@ -133,7 +146,9 @@ def test_an_unchanged_unit_file_is_not_enough() -> None:
 
 
 def test_foreign_holder_blocks_before_anything_is_touched() -> None:
-    f = facts("gpu0", foreign=[{"pid": 77, "cmdline": "python3 train.py", "reason": "not an SGLang process, holding GPU [0]"}])
+    f = facts(
+        "gpu0", foreign=[{"pid": 77, "cmdline": "python3 train.py", "reason": "not an SGLang process, holding GPU [0]"}]
+    )
     d = decide(instance("gpu0", 30000), f, check_mode=False)
     assert d.action == "blocked"
     assert "PID 77 (python3 train.py)" in d.reasons[0]
@@ -226,7 +241,16 @@ def test_blocked_instance_fails_the_host_closed_and_touches_nothing() -> None:
     host = Host(
         {
             "gpu0": facts("gpu0"),
-            "gpu1": facts("gpu1", foreign=[{"pid": 9, "cmdline": "python3 -m http.server 30001", "reason": "not an SGLang process, holding port 30001"}]),
+            "gpu1": facts(
+                "gpu1",
+                foreign=[
+                    {
+                        "pid": 9,
+                        "cmdline": "python3 -m http.server 30001",
+                        "reason": "not an SGLang process, holding port 30001",
+                    }
+                ],
+            ),
         }
     )
     out = run(host, insts)
@@ -264,7 +288,11 @@ def test_not_proven_dead_is_never_relaunched() -> None:
     def stop(names, *_):
         return {
             "instances": {
-                n: {"dead": False, "msg": "PID 55 (python3 hold.py) not an SGLang process, holding GPU [0]", "foreign": [{"pid": 55}]}
+                n: {
+                    "dead": False,
+                    "msg": "PID 55 (python3 hold.py) not an SGLang process, holding GPU [0]",
+                    "foreign": [{"pid": 55}],
+                }
                 for n in names
             }
         }
@@ -282,7 +310,12 @@ def test_not_proven_dead_is_never_relaunched() -> None:
 
 def test_memory_never_released_fails_closed() -> None:
     def release(names, *_):
-        return {"instances": {n: {"released": False, "msg": "GPU memory not released within 5s", "used_mib": {"0": 120000}} for n in names}}
+        return {
+            "instances": {
+                n: {"released": False, "msg": "GPU memory not released within 5s", "used_mib": {"0": 120000}}
+                for n in names
+            }
+        }
 
     host = Host({"gpu0": facts("gpu0")}, release=release)
     out = run(host, [instance("gpu0", 30000)])
@@ -297,7 +330,13 @@ def crash_then_ok(names, instances, options):
         if inst["use_last_good"]:
             out[inst["name"]] = {"started": True, "healthy": True, "new_main_pid": 3000, "time_to_healthy_s": 8.0}
         else:
-            out[inst["name"]] = {"started": True, "healthy": False, "crashed": True, "msg": "crashed while starting", "journal": ["OOM"]}
+            out[inst["name"]] = {
+                "started": True,
+                "healthy": False,
+                "crashed": True,
+                "msg": "crashed while starting",
+                "journal": ["OOM"],
+            }
     return {"instances": out}
 
 
@@ -338,7 +377,17 @@ def test_no_last_good_means_down_and_said_so() -> None:
 
 def test_rollback_disabled_settings_mismatch_is_unverified_not_hidden() -> None:
     def mismatch(names, *_):
-        return {"instances": {n: {"started": True, "healthy": False, "new_main_pid": 2000, "msg": "/server_info reports other settings"} for n in names}}
+        return {
+            "instances": {
+                n: {
+                    "started": True,
+                    "healthy": False,
+                    "new_main_pid": 2000,
+                    "msg": "/server_info reports other settings",
+                }
+                for n in names
+            }
+        }
 
     host = Host({"gpu0": facts("gpu0")}, start=mismatch)
     out = run(host, [instance("gpu0", 30000)], rollback=False)

@@ -488,8 +488,9 @@ class Api:
                         "object": "text_completion",
                         "created": created,
                         "model": model,
-                        "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": None,
-                                     "matched_stop": None}],
+                        "choices": [
+                            {"index": 0, "text": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
+                        ],
                     }
                     yield _sse(chunk)
                 if final:
@@ -499,13 +500,22 @@ class Api:
                         "object": "text_completion",
                         "created": created,
                         "model": model,
-                        "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason,
-                                     "matched_stop": matched}],
+                        "choices": [
+                            {"index": 0, "text": "", "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+                        ],
                     }
                     yield _sse(chunk)
                     if (body.get("stream_options") or {}).get("include_usage"):
-                        yield _sse({"id": r.rid, "object": "text_completion", "created": created, "model": model,
-                                    "choices": [], "usage": self._usage(r)})
+                        yield _sse(
+                            {
+                                "id": r.rid,
+                                "object": "text_completion",
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": self._usage(r),
+                            }
+                        )
                     break
             yield b"data: [DONE]\n\n"
         finally:
@@ -583,8 +593,20 @@ class Api:
     async def _chat_stream(self, r: Req, model: str, created: int, body: dict) -> AsyncIterator[bytes]:
         assert r.events is not None
         base = {"id": r.rid, "object": "chat.completion.chunk", "created": created, "model": model}
-        yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None, "matched_stop": None}]})
+        yield _sse(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                        "matched_stop": None,
+                    }
+                ],
+            }
+        )
         sent_r, sent_c = "", ""
         try:
             while True:
@@ -598,12 +620,36 @@ class Api:
                     delta["content"] = content[len(sent_c) :]
                     sent_c = content
                 if delta:
-                    yield _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                     "finish_reason": None, "matched_stop": None}]})
+                    yield _sse(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": delta,
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                    "matched_stop": None,
+                                }
+                            ],
+                        }
+                    )
                 if r.finish is not None:
                     reason, matched = self._finish_oai(r)
-                    yield _sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                                     "finish_reason": reason, "matched_stop": matched}]})
+                    yield _sse(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {},
+                                    "logprobs": None,
+                                    "finish_reason": reason,
+                                    "matched_stop": matched,
+                                }
+                            ],
+                        }
+                    )
                     if (body.get("stream_options") or {}).get("include_usage"):
                         yield _sse({**base, "choices": [], "usage": self._usage(r)})
                     break

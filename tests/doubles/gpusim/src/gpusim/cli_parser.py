@@ -106,9 +106,7 @@ def json_list_type(value: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(
-            f"Invalid JSON list: {value}. Please provide a valid JSON list."
-        ) from None
+        raise argparse.ArgumentTypeError(f"Invalid JSON list: {value}. Please provide a valid JSON list.") from None
 
 
 def loads(value: str) -> Any:
@@ -136,9 +134,7 @@ def parse_cuda_graph_config_arg(raw: str) -> dict[str, dict[str, Any]]:
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {e}") from None
     if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(
-            f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}"
-        )
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}")
     result: dict[str, dict[str, Any]] = {}
     for raw_phase, settings in parsed.items():
         phase = str(raw_phase)
@@ -335,9 +331,7 @@ def _config_file_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[
         data = yaml.safe_load(text) or {}
     except ImportError:
         data = json.loads(text or "{}")
-    store_true = {
-        a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)
-    }
+    store_true = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
     extra: list[str] = []
     for key, value in dict(data).items():
         flag = "--" + str(key).replace("_", "-")

@@ -181,9 +181,7 @@ def _load_text(path: Path) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path}: PyYAML is not installed and the file is not JSON ({exc})"
-            ) from exc
+            raise ConfigError(f"{path}: PyYAML is not installed and the file is not JSON ({exc})") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -296,9 +294,7 @@ class Config:
                 uuid = str(over["uuid"])
             else:
                 digest = hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()
-                uuid = (
-                    f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-                )
+                uuid = f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
             if "pci_bus_id" in over:
                 bus = str(over["pci_bus_id"])
             elif bus_ids and i < len(bus_ids):

@@ -82,8 +82,16 @@ class ReplicaConfig:
 class Replica:
     """One DP rank's scheduler loop."""
 
-    def __init__(self, cfg: ReplicaConfig, version: Version, log: Logger, metrics: Registry | None,
-                 labels: dict[str, str], pid_label: str, on_output):
+    def __init__(
+        self,
+        cfg: ReplicaConfig,
+        version: Version,
+        log: Logger,
+        metrics: Registry | None,
+        labels: dict[str, str],
+        pid_label: str,
+        on_output,
+    ):
         self.cfg = cfg
         self.version = version
         self.log = log

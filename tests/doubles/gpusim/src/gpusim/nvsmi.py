@@ -323,10 +323,14 @@ def run_capture(argv: list[str], cfg: Config | None = None) -> tuple[int, str, s
     if mode == "driver_not_loaded":
         return 9, DRIVER_MISSING, ""
     if mode == "library_mismatch":
-        return 18, (
-            "Failed to initialize NVML: Driver/library version mismatch\n"
-            f"NVML library version: {cfg.nvsmi.get('nvml_library_version')}\n"
-        ), ""
+        return (
+            18,
+            (
+                "Failed to initialize NVML: Driver/library version mismatch\n"
+                f"NVML library version: {cfg.nvsmi.get('nvml_library_version')}\n"
+            ),
+            "",
+        )
     try:
         ns = _argparser().parse_args(argv)
     except SystemExit as exc:

@@ -82,9 +82,7 @@ def prefill_bs_list(max_tokens: int) -> list[int]:
 
 def device_memory_capacity(cfg: Config, version: Version, res: Resolved) -> float:
     """``get_nvgpu_memory_capacity``: nvidia-smi's minimum memory.total, else the CUDA fallback."""
-    rc, out, err = nvsmi.run_capture(
-        ["--query-gpu=memory.total", "--format=csv,noheader,nounits"], cfg
-    )
+    rc, out, err = nvsmi.run_capture(["--query-gpu=memory.total", "--format=csv,noheader,nounits"], cfg)
     host_broken = cfg.nvsmi["mode"] in ("driver_not_loaded", "library_mismatch")
     if rc != 0:
         if version.family < 14:
@@ -96,9 +94,7 @@ def device_memory_capacity(cfg: Config, version: Version, res: Resolved) -> floa
         if version.family < 14:
             if host_broken:
                 raise ResolveError("ValueError", "No GPU memory values found.")
-            res.warn(
-                "Failed to get GPU memory capacity from nvidia-smi, falling back to torch.cuda.mem_get_info()."
-            )
+            res.warn("Failed to get GPU memory capacity from nvidia-smi, falling back to torch.cuda.mem_get_info().")
             return float(min(_visible_totals(cfg)))
         return _cuda_fallback(cfg, version, res, "Failed to get GPU memory capacity from nvidia-smi.", host_broken)
     return min(values)
@@ -310,10 +306,7 @@ def resolve(raw: dict[str, Any], version: Version, cfg: Config, profile: ModelPr
                 a["speculative_eagle_topk"] = 1
             if a.get("speculative_num_draft_tokens") is None:
                 a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
-            if (
-                a["speculative_eagle_topk"] == 1
-                and a["speculative_num_draft_tokens"] != a["speculative_num_steps"] + 1
-            ):
+            if a["speculative_eagle_topk"] == 1 and a["speculative_num_draft_tokens"] != a["speculative_num_steps"] + 1:
                 res.warn(
                     "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
                     "speculative_eagle_topk == 1"

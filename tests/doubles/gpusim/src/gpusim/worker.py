@@ -149,8 +149,15 @@ class Scheduler:
             f"Init torch distributed ends. elapsed={0.05 * self.startup_s:.2f} s, "
             f"mem usage={prof.context_mib / 1024:.2f} GB"
         )
-        inp = memory.MemoryInputs(**{**spec["memory"], "version": self.version, "profile": prof,
-                                     "others_mib": others, "gpu_index": int(spec["gpu_logical"])})
+        inp = memory.MemoryInputs(
+            **{
+                **spec["memory"],
+                "version": self.version,
+                "profile": prof,
+                "others_mib": others,
+                "gpu_index": int(spec["gpu_logical"]),
+            }
+        )
         total_gib = inp.total_mib / 1024
         avail0 = total_gib - others / 1024 - prof.context_mib / 1024
         self.log.info(f"Load weight begin. avail mem={avail0:.2f} GB")
