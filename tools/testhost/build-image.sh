@@ -31,6 +31,8 @@ if [ ! -s "$tarball" ]; then
   chroot "$root" apt-get clean
   rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/usr/share/doc/* "$root"/usr/share/man/*
   : > "$root/etc/machine-id"
+  # mktemp made the directory 0700; as the tarball's "./" it would become every rootfs's "/".
+  chmod 0755 "$root"
   # The LXC service would try to bring up lxcbr0 in every test host; only the Proxmox-style
   # scenario wants LXC, and it configures what it needs itself.
   rm -f "$root"/etc/systemd/system/multi-user.target.wants/lxc-net.service

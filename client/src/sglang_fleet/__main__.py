@@ -1,0 +1,3 @@
+from sglang_fleet.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_openai import Behaviour, FakeServer
+from fleetkit import free_port
+
+from sglang_fleet.endpoints import AdjustableLimiter, Endpoint, capacity_from_server_info
+
+
+def test_limiter_follows_limit_changes() -> None:
+    async def body() -> None:
+        lim = AdjustableLimiter(2)
+        await lim.acquire()
+        await lim.acquire()
+        waiter = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        lim.set_limit(3)  # raising it lets a waiter in at once
+        await asyncio.sleep(0)
+        assert waiter.done() and lim.used == 3
+        lim.set_limit(1)  # lowering it lets the excess drain: nobody new gets in until used < 1
+        lim.release()
+        lim.release()
+        w2 = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0)
+        assert not w2.done()
+        lim.release()
+        await asyncio.sleep(0)
+        assert w2.done() and lim.used == 1
+
+    asyncio.run(body())
+
+
+def test_limiter_cancelled_waiter_does_not_leak_a_slot() -> None:
+    async def body() -> None:
+        lim = AdjustableLimiter(1)
+        await lim.acquire()
+        w = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0)
+        w.cancel()
+        lim.release()
+        with pytest.raises(asyncio.CancelledError):
+            await w
+        assert lim.used == 0
+        await asyncio.wait_for(lim.acquire(), 1)
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("info", "cap"),
+    [
+        ({"internal_states": [{"effective_max_running_requests_per_dp": 48}]}, 48),
+        ({"dp_size": 2, "internal_states": [{"effective_max_running_requests_per_dp": 48}]}, 96),
+        ({"internal_states": [{"max_running_requests": 10}]}, 10),
+        ({"max_running_requests": 7}, 7),
+        ({"internal_states": [{}]}, None),
+        ({"internal_states": [{"effective_max_running_requests_per_dp": 0}]}, None),
+        ([], None),
+    ],
+)
+def test_capacity_from_server_info(info: object, cap: int | None) -> None:
+    assert capacity_from_server_info(info) == cap
+
+
+def _endpoint(url: str, override: int | str = "auto") -> Endpoint:
+    return Endpoint(
+        url,
+        headers={},
+        override=override,
+        factor=1.5,
+        default_concurrency=5,
+        connect_timeout=2,
+        backoff_base=0.05,
+        backoff_max=0.2,
+    )
+
+
+def test_auto_concurrency_override_and_recovery() -> None:
+    async def body() -> None:
+        srv = FakeServer(Behaviour(capacity=10))
+        port = await srv.start()
+        ep = _endpoint(f"http://127.0.0.1:{port}")
+        assert ep.limiter.limit == 5  # default until the server says
+        assert await ep.probe() == (True, "ok")
+        await ep.refresh_capacity()
+        assert ep.limiter.limit == 15  # 10 x factor 1.5
+        ep.set_override(3)
+        assert ep.limiter.limit == 3
+        ep.set_override("auto")
+        assert ep.limiter.limit == 15
+        ep.mark_up()
+        # The server goes away and comes back with another capacity: the endpoint notices both.
+        await srv.stop()
+        ep.mark_down("connection refused")
+        assert not ep.is_up
+        await asyncio.sleep(0.1)
+        srv2 = FakeServer(Behaviour(capacity=4))
+        await srv2.start(port)
+        await asyncio.wait_for(ep.wait_up(), 10)
+        assert ep.limiter.limit == 6 and ep.relaunches_seen == 1
+        await ep.close()
+        await srv2.stop()
+
+    asyncio.run(body())
+
+
+def test_probe_reports_starting_and_missing_servers() -> None:
+    async def body() -> None:
+        srv = FakeServer(Behaviour(startup_delay=60))
+        port = await srv.start()
+        ok, reason = await _endpoint(f"http://127.0.0.1:{port}").probe()
+        assert not ok and "503" in reason
+        await srv.stop()
+        ok, reason = await _endpoint(f"http://127.0.0.1:{free_port()}").probe()
+        assert not ok and "refused" in reason
+
+    asyncio.run(body())
