@@ -12,10 +12,10 @@ export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-SCENARIOS   ?= default
+SCENARIOS   ?= default server server_lxc retune generation
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean
+.PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
 
 help:
 	@echo "make demo        set up, start a demo fleet of simulated GPU hosts, deploy, retune"
@@ -71,3 +71,7 @@ demo-clean:
 
 clean: demo-clean
 	rm -rf $(VENV) .cache
+
+bench: setup
+	@$(BIN)/python bench/retune/bench_retune.py
+	@$(BIN)/python bench/client/bench_client.py
