@@ -22,6 +22,7 @@ import contextlib
 import grp
 import hashlib
 import json
+import math
 import os
 import pwd
 import re
@@ -606,17 +607,10 @@ def effective_max_running_requests(server_info: dict[str, Any]) -> int | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _num(value: Any) -> Any:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return float(value)
-    return value
-
-
 def compare_server_info(expected: dict[str, Any], reported: dict[str, Any]) -> list[dict[str, Any]]:
     """Keys of ``expected`` whose value the running server reports differently. Numbers compare
-    by value (30 == 30.0) with a relative tolerance for floats; lists compare element-wise."""
+    by value with a tolerance (64 == 64.0, 0.93 == 0.9300000001), booleans only equal booleans,
+    lists and mappings compare element by element."""
     mismatches = []
     for key, want in sorted(expected.items()):
         if key not in reported:
@@ -629,14 +623,15 @@ def compare_server_info(expected: dict[str, Any], reported: dict[str, Any]) -> l
 
 
 def _same_value(want: Any, got: Any) -> bool:
-    if isinstance(want, list) and isinstance(got, list):
-        return len(want) == len(got) and all(_same_value(a, b) for a, b in zip(want, got))
     if isinstance(want, bool) or isinstance(got, bool):
         return isinstance(want, bool) and isinstance(got, bool) and want == got
-    a, b = _num(want), _num(got)
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
-    return a == b
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return math.isclose(want, got, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(want) == len(got) and all(_same_value(a, b) for a, b in zip(want, got))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return set(want) == set(got) and all(_same_value(want[k], got[k]) for k in want)
+    return bool(want == got)
 
 
 def argv_matches(expected: list[str], running: list[str]) -> bool:

@@ -196,6 +196,24 @@ class Retune:
             raise PhaseError(op, result.get("msg", "no result"), result)
         return result
 
+    def _phase_or_fail(
+        self,
+        op: str,
+        names: list[str],
+        extra: dict[str, Any],
+        state: str,
+        consequence: str,
+        per_instance: Callable[[str], dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | None:
+        """A phase's per-instance results; if the phase could not run at all, every instance in it
+        fails with ``state`` and the consequence spelled out, and None is returned."""
+        try:
+            return dict(self._phase(op, names, extra, per_instance)["instances"])
+        except PhaseError as exc:
+            for name in names:
+                self.results[name].update(action=FAILED, state=state, msg=f"{exc}: {consequence}")
+            return None
+
     # -- flow ---------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -279,15 +297,14 @@ class Retune:
     def _stop_and_release(self, names: list[str]) -> list[str]:
         """Stop, prove dead, prove GPU memory free. Returns the instances ready to start; the
         others are failed closed (never relaunched blindly)."""
-        try:
-            stop = self._phase(
-                "stop",
-                names,
-                {"stop_timeout": self.opts.stop_timeout, "kill_timeout": self.opts.kill_timeout},
-            )["instances"]
-        except PhaseError as exc:
-            for name in names:
-                self.results[name].update(action=FAILED, state="unknown", msg=f"{exc}: state unknown, not relaunched")
+        stop = self._phase_or_fail(
+            "stop",
+            names,
+            {"stop_timeout": self.opts.stop_timeout, "kill_timeout": self.opts.kill_timeout},
+            state="unknown",
+            consequence="state unknown, not relaunched",
+        )
+        if stop is None:
             return []
         dead = []
         for name in names:
@@ -308,22 +325,14 @@ class Retune:
                 r["foreign"] = res.get("foreign", [])
         if not dead:
             return []
-        try:
-            release = self._phase(
-                "release",
-                dead,
-                {
-                    "release_timeout": self.opts.release_timeout,
-                    "threshold_mib": self.opts.release_threshold_mib,
-                },
-            )["instances"]
-        except PhaseError as exc:
-            for name in dead:
-                self.results[name].update(
-                    action=FAILED,
-                    state="down",
-                    msg=f"{exc}: GPU memory not proven free, not relaunched, instance is DOWN",
-                )
+        release = self._phase_or_fail(
+            "release",
+            dead,
+            {"release_timeout": self.opts.release_timeout, "threshold_mib": self.opts.release_threshold_mib},
+            state="down",
+            consequence="GPU memory not proven free, not relaunched, instance is DOWN",
+        )
+        if release is None:
             return []
         ready = []
         for name in dead:
@@ -349,25 +358,24 @@ class Retune:
         """Start and prove healthy; returns the instances that are."""
         if not names:
             return []
-        try:
-            start = self._phase(
-                "start",
-                names,
-                {
-                    "start_timeout": self.opts.start_timeout,
-                    "health_timeout": self.opts.health_timeout,
-                    "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
-                    "smoke_requests": self.opts.smoke_requests,
-                },
-                per_instance=lambda n: {
-                    "use_last_good": rollback,
-                    "old_main_pid": self.results[n].get("old_main_pid"),
-                    "old_invocation_id": self.results[n].get("old_invocation_id"),
-                },
-            )["instances"]
-        except PhaseError as exc:
-            for name in names:
-                self.results[name].update(action=FAILED, state="unknown", msg=f"{exc}: state unknown")
+        start = self._phase_or_fail(
+            "start",
+            names,
+            {
+                "start_timeout": self.opts.start_timeout,
+                "health_timeout": self.opts.health_timeout,
+                "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
+                "smoke_requests": self.opts.smoke_requests,
+            },
+            state="unknown",
+            consequence="state unknown",
+            per_instance=lambda n: {
+                "use_last_good": rollback,
+                "old_main_pid": self.results[n].get("old_main_pid"),
+                "old_invocation_id": self.results[n].get("old_invocation_id"),
+            },
+        )
+        if start is None:
             return []
         healthy = []
         for name in names:

@@ -722,38 +722,6 @@ def expected_server_info(args: Mapping[str, Any] | None, version: str) -> dict[s
     return expected
 
 
-def _same_reported(expected: Any, reported: Any, rel_tol: float, abs_tol: float) -> bool:
-    if isinstance(expected, bool) or isinstance(reported, bool):
-        return isinstance(expected, bool) and isinstance(reported, bool) and expected == reported
-    if isinstance(expected, (int, float)) and isinstance(reported, (int, float)):
-        return math.isclose(expected, reported, rel_tol=rel_tol, abs_tol=abs_tol)
-    if isinstance(expected, (list, tuple)) and isinstance(reported, (list, tuple)):
-        return len(expected) == len(reported) and all(
-            _same_reported(e, r, rel_tol, abs_tol) for e, r in zip(expected, reported, strict=True)
-        )
-    if isinstance(expected, Mapping) and isinstance(reported, Mapping):
-        return set(expected) == set(reported) and all(
-            _same_reported(expected[k], reported[k], rel_tol, abs_tol) for k in expected
-        )
-    return bool(expected == reported)
-
-
-def compare_server_info(
-    expected: Mapping[str, Any], reported: Mapping[str, Any], rel_tol: float = 1e-6, abs_tol: float = 1e-9
-) -> list[tuple[str, Any, Any]]:
-    """``(setting, expected, reported)`` for each expected setting the server reports differently.
-
-    Numbers compare with a tolerance (64 equals 64.0); booleans only equal booleans. A setting
-    missing from ``reported`` is a mismatch with ``None`` as the reported value.
-    """
-    mismatches = []
-    for name in sorted(expected):
-        got = reported.get(name)
-        if name not in reported or not _same_reported(expected[name], got, rel_tol, abs_tol):
-            mismatches.append((name, expected[name], got))
-    return mismatches
-
-
 # --------------------------------------------------------------------------------------------------
 # Public API: instances of one host
 

@@ -108,3 +108,80 @@ def test_the_same_tuning_on_the_other_version_still_renders(example_hostvars: di
     [first, *_] = resolve_instances("pve-rtx", upgraded)
     assert first["args"]["mamba_radix_cache_strategy"] == "no_buffer"
     assert "--mamba-radix-cache-strategy" in first["argv"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The simulator (tests/doubles/gpusim) starts with each real configuration, and reports it back.
+
+SIMULATED_HOSTS = {
+    "b200-node": {"sglang_version": "0.5.23", "gpus": {"count": 7, "name": "NVIDIA B200", "memory_total_mib": 183359}},
+    "pve-rtx": {
+        "sglang_version": "0.5.9",
+        "gpus": {"count": 8, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887},
+    },
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("hostname", sorted(SIMULATED_HOSTS))
+def test_the_simulator_starts_with_each_real_configuration(
+    hostname: str, example_hostvars: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import compare_server_info
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
+
+    instance = resolve_instances(hostname, example_hostvars[hostname])[-1]
+    instance.update(deployment_fields(instance, example_hostvars[hostname]))
+    port = _free_port()
+    argv = [sys.executable, *instance["argv"][1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    devices = tmp_path / "dev"
+    config = dict(SIMULATED_HOSTS[hostname], devices_dir=str(devices), timing={"startup_s": 0.5, "warmup_poll_s": 0.1})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = dict(
+        os.environ,
+        GPUSIM_CONFIG=str(tmp_path / "config.json"),
+        GPUSIM_STATE_DIR=str(tmp_path / "state"),
+        **instance["env"],
+    )
+    subprocess.run([sys.executable, "-m", "gpusim.admin", "setup"], env=env, check=True, capture_output=True)
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        info = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as r:
+                            info = json.load(r)
+                        break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert info is not None, (tmp_path / "server.log").read_text()[-3000:]
+        assert info["version"] == instance["version"]
+        assert compare_server_info(dict(instance["expected_server_info"], port=port), info) == []
+        assert info["internal_states"][0]["effective_max_running_requests_per_dp"] > 0
+        if hostname == "b200-node":
+            # The retune the project was started from: 200 Mamba slots, 5 per request with MTP.
+            assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 40
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        log.close()

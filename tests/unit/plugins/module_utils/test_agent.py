@@ -301,6 +301,11 @@ def test_compare_server_info() -> None:
     assert compare_server_info({"x": 1}, {}) == [{"arg": "x", "expected": 1, "reported": "(not reported)"}]
     assert compare_server_info({"x": [1, 2]}, {"x": [1, 2]}) == []
     assert compare_server_info({"x": True}, {"x": 1.0}) != []  # a switch is not a number
+    assert compare_server_info({"x": [1.0, 2], "n": 64}, {"x": [1, 2], "n": 64.0}) == []
+    assert compare_server_info({"a": {"k": 0.5}}, {"a": {"k": 0.6}}) == [
+        {"arg": "a", "expected": {"k": 0.5}, "reported": {"k": 0.6}}
+    ]
+    assert compare_server_info({"a": "EAGLE"}, {"a": "EAGLE", "b": 3}) == []
 
 
 def test_argv_matches_treats_env_substitution_as_a_wildcard() -> None:

@@ -11,7 +11,6 @@ import pytest
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
     ServerArgsError,
-    compare_server_info,
     expected_server_info,
     fingerprint,
     parse_human_readable_int,
@@ -541,15 +540,6 @@ def test_expected_server_info_normalises_values() -> None:
     }
     v9 = expected_server_info({"speculative_algorithm": "NEXTN", "tp_size": 2}, "0.5.9")
     assert v9 == {"speculative_algorithm": "EAGLE", "tp_size": 2}
-
-
-def test_compare_server_info() -> None:
-    expected = {"mem_fraction_static": 0.93, "max_running_requests": 64, "trust_remote_code": True, "x": [1.0, 2]}
-    reported = {"mem_fraction_static": 0.9300000001, "max_running_requests": 64.0, "trust_remote_code": 1, "x": [1, 2]}
-    assert compare_server_info(expected, reported) == [("trust_remote_code", True, 1)]
-    assert compare_server_info({"a": 1}, {}) == [("a", 1, None)]
-    assert compare_server_info({"a": {"k": 0.5}}, {"a": {"k": 0.6}}) == [("a", {"k": 0.5}, {"k": 0.6})]
-    assert compare_server_info({"a": "EAGLE"}, {"a": "EAGLE", "b": 3}) == []
 
 
 # --------------------------------------------------------------------------------------------------
