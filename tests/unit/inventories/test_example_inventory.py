@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +17,8 @@ from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
+from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import compare_server_info
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import SWITCH, load_table
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
     HOST_VARIABLES,
@@ -123,8 +132,6 @@ SIMULATED_HOSTS = {
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -134,16 +141,6 @@ def _free_port() -> int:
 def test_the_simulator_starts_with_each_real_configuration(
     hostname: str, example_hostvars: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import compare_server_info
-    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
-
     instance = resolve_instances(hostname, example_hostvars[hostname])[-1]
     instance.update(deployment_fields(instance, example_hostvars[hostname]))
     port = _free_port()
