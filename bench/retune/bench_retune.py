@@ -8,8 +8,9 @@ systemd and the SGLang test double), alternately:
 - naive: write the units, ``systemctl restart`` them all at once, wait for each port.
 
 The overhead of each is its wall time minus the simulator's own delays on the critical path (the
-SIGTERM drain poll, the GPU memory release delay, the model load, the warmup and the health probe). Prints both, their ratio, and the remote round trips
-per host per phase of the retune. A benchmark, not a test: it prints figures, it asserts nothing.
+SIGTERM drain poll, the GPU memory release delay, the model load, the warmup and the health
+probe). Prints both, their ratio, and the remote round trips per host per phase of the retune.
+A benchmark, not a test: it prints figures, it asserts nothing.
 
     python bench/retune/bench_retune.py [--hosts 1 3] [--rounds 3]
 

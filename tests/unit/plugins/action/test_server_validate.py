@@ -6,6 +6,7 @@ from typing import Any
 from unittest.mock import MagicMock, patch
 
 import pytest
+import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
 from ansible.playbook.play_context import PlayContext
@@ -13,6 +14,7 @@ from ansible.template import Templar, trust_as_template
 
 from ansible_collections.sglang_ops.fleet.plugins.action import server_validate
 from ansible_collections.sglang_ops.fleet.plugins.action.server_validate import ActionModule
+from ansible_collections.sglang_ops.fleet.plugins.modules import server_validate as server_validate_doc
 
 
 def make_action(args: dict[str, Any] | None = None, check_mode: bool = False) -> ActionModule:
@@ -48,8 +50,18 @@ def test_plugin_contract() -> None:
     assert ActionModule.TRANSFERS_FILES is False
     assert ActionModule._requires_connection is False
     assert ActionModule._supports_check_mode is True
-    for block in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
-        assert getattr(server_validate, block).strip()
+
+
+def test_documentation_stub_describes_what_the_action_returns() -> None:
+    """ansible-doc reads plugins/modules/server_validate.py: it must document every key returned."""
+    docs = yaml.safe_load(server_validate_doc.DOCUMENTATION)
+    assert docs["module"] == "server_validate"
+    assert yaml.safe_load(server_validate_doc.EXAMPLES)
+    documented = set(yaml.safe_load(server_validate_doc.RETURN)["instances"]["contains"])
+    action = make_action(check_mode=False)
+    result = action.run(task_vars=task_vars())
+    returned = set(result["instances"][0])
+    assert returned <= documented, returned - documented
 
 
 @pytest.mark.parametrize("check_mode", [False, True])
