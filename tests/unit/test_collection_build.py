@@ -1,0 +1,45 @@
+"""`ansible-galaxy collection build` gives the collection alone: no inventories, tests, test
+images, virtualenvs or caches, and everything the roles need (the client's source included, from
+which the generation role builds its wheel)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_collection_artifact_is_clean(tmp_path: Path) -> None:
+    galaxy = Path(sys.executable).parent / "ansible-galaxy"
+    subprocess.run(
+        [str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (artifact,) = tmp_path.glob("sglang_ops-fleet-*.tar.gz")
+    with tarfile.open(artifact) as tar:
+        names = tar.getnames()
+    forbidden = ("inventories", "molecule", "tests", ".venv", ".cache", "collections", "bench", "tools", ".git")
+    leaked = [n for n in names if n.split("/")[0] in forbidden]
+    assert leaked == []
+    cache_parts = ("__pycache__", ".pytest_cache", ".mypy_cache", ".egg-info")
+    caches = [n for n in names if any(part in n for part in cache_parts)]
+    assert caches == []
+    for needed in (
+        "MANIFEST.json",
+        "meta/runtime.yml",
+        "plugins/action/retune.py",
+        "plugins/modules/retune.py",
+        "plugins/module_utils/_agent.py",
+        "plugins/plugin_utils/sglang_flags.json",
+        "roles/server/tasks/main.yml",
+        "roles/generation/tasks/main.yml",
+        "client/pyproject.toml",
+        "playbooks/retune.yml",
+    ):
+        assert needed in names, needed
+    assert not any(n.startswith("playbooks/demo") for n in names)
