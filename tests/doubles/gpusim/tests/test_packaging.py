@@ -34,8 +34,22 @@ def test_wheel_contents_and_console_scripts(tmp_path: Path):
     assert "nvidia-smi = gpusim.nvsmi:main" in text and "gpusim = gpusim.admin:main" in text
 
     prefix = tmp_path / "prefix"
+    # --ignore-installed: with --prefix alone pip uninstalls the copy already installed in the
+    # running environment (the dev virtualenv's editable install) before installing elsewhere.
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--prefix", str(prefix), str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "-q",
+            "--prefix",
+            str(prefix),
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
     )
