@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from gpusim import procutil, registry
@@ -149,21 +150,32 @@ def _parse_format(fmt: str | None) -> tuple[bool, bool] | None:
     return "noheader" in parts, "nounits" in parts
 
 
-def query_gpu(cfg: Config, fields_arg: str, fmt: str | None, ids: str | None, o: _Out) -> int:
+def _query_args(
+    cfg: Config, fields_arg: str, known: Mapping[str, Any], fmt: str | None, ids: str | None, o: _Out
+) -> tuple[list[str], bool, bool, list[GPU]] | int:
+    """Fields, noheader, nounits and the selected GPUs of a --query-* call, or the exit code
+    after writing nvidia-smi's error for a bad field, format or id."""
     fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
     for f in fields:
-        if f not in GPU_FIELDS:
+        if f not in known:
             o.out.append(f'Field "{f}" is not a valid field to query.\n\n')
             return 2
     parsed = _parse_format(fmt)
     if parsed is None:
         o.out.append('"--format" must be specified as "csv" with optional "noheader" and "nounits".\n')
         return 2
-    noheader, nounits = parsed
     gpus = _select(cfg, ids)
     if gpus is None:
         o.out.append("No devices were found\n")
         return 6
+    return fields, parsed[0], parsed[1], gpus
+
+
+def query_gpu(cfg: Config, fields_arg: str, fmt: str | None, ids: str | None, o: _Out) -> int:
+    query = _query_args(cfg, fields_arg, GPU_FIELDS, fmt, ids, o)
+    if isinstance(query, int):
+        return query
+    fields, noheader, nounits, gpus = query
     _, used = _gpu_state(cfg)
     garbled = cfg.nvsmi["mode"] == "garbled"
     if not noheader:
@@ -183,20 +195,10 @@ def _process_name(h: registry.Holder) -> str:
 
 
 def query_apps(cfg: Config, fields_arg: str, fmt: str | None, ids: str | None, o: _Out) -> int:
-    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
-    for f in fields:
-        if f not in APP_FIELDS:
-            o.out.append(f'Field "{f}" is not a valid field to query.\n\n')
-            return 2
-    parsed = _parse_format(fmt)
-    if parsed is None:
-        o.out.append('"--format" must be specified as "csv" with optional "noheader" and "nounits".\n')
-        return 2
-    noheader, nounits = parsed
-    gpus = _select(cfg, ids)
-    if gpus is None:
-        o.out.append("No devices were found\n")
-        return 6
+    query = _query_args(cfg, fields_arg, APP_FIELDS, fmt, ids, o)
+    if isinstance(query, int):
+        return query
+    fields, noheader, nounits, gpus = query
     holders, _ = _gpu_state(cfg)
     wanted = {g.index for g in gpus}
     by_index = {g.index: g for g in cfg.gpus}
