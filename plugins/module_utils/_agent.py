@@ -1163,9 +1163,9 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
                 )
         state = _wait_units(units, _stopped, kill_timeout, ctx.poll)
     unit_stopped_at = {u: time.monotonic() - t0 for u in units}
-    holders, notes = collect_holders(
-        ctx, instances, {**cgroups, **{f"other:{u}": c for u, c in cgroups_all.items() if u not in units}}
-    )
+    # This wave's cgroups by instance name, and the other managed units' (never killed).
+    holder_cgroups = {**cgroups, **{f"other:{u}": c for u, c in cgroups_all.items() if u not in units}}
+    holders, notes = collect_holders(ctx, instances, holder_cgroups)
     killed: dict[str, list[dict[str, Any]]] = {i["name"]: [] for i in instances}
     owned_all = []
     for inst in instances:
@@ -1175,9 +1175,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         log = kill_with_escalation(list(unique.values()), kill_timeout, ctx.redactor, ctx.poll)
         for entry in log:
             killed[unique[entry["pid"]]["instance"]].append(entry)
-        holders, notes = collect_holders(
-            ctx, instances, {**cgroups, **{f"other:{u}": c for u, c in cgroups_all.items() if u not in units}}
-        )
+        holders, notes = collect_holders(ctx, instances, holder_cgroups)
     final = systemctl_show(units)
     out: dict[str, Any] = {}
     for inst in instances:
