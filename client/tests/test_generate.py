@@ -186,6 +186,25 @@ def test_concurrency_from_server_info_control_file_and_pause(tmp_path: Path) -> 
         assert "OK" in verify(p, out)
 
 
+def test_control_never_signals_the_stale_pid_a_killed_client_left(tmp_path: Path, fake: ThreadedFakeServer) -> None:
+    """A SIGKILLed client leaves its pid in the lock file; that number may since belong to an
+    unrelated program, which `control` must leave alone (SIGHUP would end it)."""
+    p = write_prompts(tmp_path / "p.jsonl", 5)
+    out = tmp_path / "out"
+    assert gen(p, out, fake.url).returncode == 0
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        (out / ".state" / "lock").write_text(f"{bystander.pid}\n")
+        r = cli("control", "--output", str(out), "--pause")
+        assert r.returncode == 0, r.stderr
+        assert "no client running" in r.stdout and "signalled" not in r.stdout
+        assert bystander.poll() is None, "the bystander was signalled"
+        assert json.loads((out / "control.json").read_text())["paused"] is True
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_sigterm_finishes_requests_in_flight_then_exits_zero(tmp_path: Path) -> None:
     with ThreadedFakeServer(Behaviour(capacity=8, delay=0.4)) as srv:
         s = srv.server

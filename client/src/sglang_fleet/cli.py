@@ -26,7 +26,7 @@ from sglang_fleet.generate import EXIT_USAGE, Generator, load_api_key
 from sglang_fleet.ids import ShardSpec
 from sglang_fleet.prompts import PromptFileError
 from sglang_fleet.s3sync import S3Sync, describe_error, make_client
-from sglang_fleet.store import OutputStore, StoreError, read_lock_pid
+from sglang_fleet.store import OutputStore, StoreError, running_client_pid
 from sglang_fleet.verify import VerifyError, format_report, local_sources, run_verify, s3_sources
 
 log = logging.getLogger("sglang_fleet")
@@ -390,13 +390,17 @@ def cmd_control(a: argparse.Namespace) -> int:
         current["paused"] = False
     if a.concurrency is not None or a.pause or a.resume:
         atomic_write_json(path, current)
-        pid = read_lock_pid(a.output) if a.output else None
+        # Only the process holding the output directory's lock is signalled: a pid left in the
+        # lock file by a killed client may now belong to anything.
+        pid = running_client_pid(a.output) if a.output else None
         if pid:
             try:
                 os.kill(pid, signal.SIGHUP)
                 print(f"wrote {path}; signalled pid {pid}")
             except ProcessLookupError:
                 print(f"wrote {path}; no client running (it is read at the next start)")
+        elif a.output and (a.output / ".state" / "lock").exists():
+            print(f"wrote {path}; no client running (it is read at the next start)")
         else:
             print(f"wrote {path}; the client reads it within 2 s")
     print(json.dumps(current, indent=1))

@@ -44,6 +44,7 @@ from sglang_fleet.ids import DigestSet, IdContainer, ShardSpec
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval", "never")
+LOCK_RETRY_S = 1.0  # how long a start waits out a lock probe before calling the directory busy
 _NAME_RE = re.compile(r"^part-(?P<tag>\d{5}-of-\d{5})-(?P<seq>\d{6,})$")
 
 
@@ -201,17 +202,25 @@ class OutputStore:
     def _acquire_lock(self) -> None:
         path = self.state_dir / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                holder = read_lock_pid(self.root)
-                raise StoreError(
-                    f"{self.root} is in use by another sglang-fleet process (pid {holder}); "
-                    "two writers would duplicate work"
-                ) from None
-            raise
+        # `sglang-fleet control` probes the lock with a shared lock held for microseconds; a
+        # start that meets such a probe tries again rather than reporting the directory busy.
+        deadline = time.monotonic() + LOCK_RETRY_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EACCES) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    holder = read_lock_pid(self.root)
+                    raise StoreError(
+                        f"{self.root} is in use by another sglang-fleet process (pid {holder}); "
+                        "two writers would duplicate work"
+                    ) from None
+                raise
         os.ftruncate(fd, 0)
         write_all(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
@@ -479,8 +488,33 @@ class OutputStore:
 
 
 def read_lock_pid(root: Path) -> int | None:
+    """The pid written in the lock file. It outlives the client that wrote it (a SIGKILL leaves
+    it behind), so it says who holds the lock only while the lock is held: see running_client_pid."""
     try:
         text = (root / ".state" / "lock").read_text().strip()
         return int(text) if text else None
     except (OSError, ValueError):
         return None
+
+
+def running_client_pid(root: Path) -> int | None:
+    """The pid of the client that holds the output directory's lock now, or None if none does.
+
+    The lock file's pid alone is no evidence: after a crash it names whatever process has since
+    been given that number, and signalling it would hit an unrelated program. The lock is probed
+    with a shared lock, released at once (a client starting at that instant retries)."""
+    try:
+        fd = os.open(root / ".state" / "lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return read_lock_pid(root)
+            raise
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
