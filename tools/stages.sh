@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # Run `make <stage>` for each stage given, keep going after a failure (except set-up, which the
-# others need), and end with one summary line per stage with its wall time.
+# others need), and end with what failed and one summary line per stage with its wall time.
+#
+# Each stage's output goes to the terminal and to $STAGES_LOG_DIR/<stage>.log (default
+# .cache/stages). A failed stage's last lines (pytest's short summary, Molecule's failing task)
+# are repeated just above the summary, so the end of a long CI log says what went wrong.
 # Exit status: non-zero if any stage failed.
 set -u
+log_dir=${STAGES_LOG_DIR:-.cache/stages}
+tail_lines=${STAGES_TAIL_LINES:-25}
+mkdir -p "$log_dir"
 results=()
+failed=()
 status=0
 total_start=$(date +%s)
 for stage in "$@"; do
   echo
   echo "=== stage: $stage ==="
   start=$(date +%s)
-  if make --no-print-directory "$stage"; then outcome=ok; else outcome=FAILED; status=1; fi
+  log="$log_dir/$stage.log"
+  make --no-print-directory "$stage" 2>&1 | tee "$log"
+  if [ "${PIPESTATUS[0]}" = 0 ]; then outcome=ok; else outcome=FAILED; status=1; failed+=("$stage"); fi
   secs=$(( $(date +%s) - start ))
   results+=("$(printf '%-10s %-7s %4dm%02ds' "$stage" "$outcome" $((secs / 60)) $((secs % 60)))")
   if [ "$stage" = setup ] && [ "$outcome" = FAILED ]; then
@@ -19,6 +29,22 @@ for stage in "$@"; do
   fi
 done
 total=$(( $(date +%s) - total_start ))
+for stage in "${failed[@]+"${failed[@]}"}"; do
+  log="$log_dir/$stage.log"
+  echo
+  echo "=== stage $stage failed; its last lines (whole log: $log) ==="
+  if [ "$stage" = unit ] && grep -qE '^(FAILED|ERROR) ' "$log"; then
+    # pytest's short summary: one line per failed test, with its assertion message.
+    grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-400 | head -n "$tail_lines"
+    grep -E '(passed|failed|errors?)( in |, )' "$log" | tail -n 1
+  elif [ "$stage" = molecule ] && grep -qE '^(fatal|failed): ' "$log"; then
+    # The scenario that failed and Ansible's own failure lines (task output is already redacted).
+    grep -E '^--- molecule scenario: ' "$log" | tail -n 1
+    grep -E '^(TASK \[|fatal: |failed: )' "$log" | grep -B1 -E '^(fatal|failed): ' | cut -c1-400 | tail -n "$tail_lines"
+  else
+    tail -n "$tail_lines" "$log" | cut -c1-400
+  fi
+done
 echo
 echo "=== summary ==="
 for r in "${results[@]}"; do echo "stage $r"; done
