@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install the machine packages the test bed needs, only those missing. Debian 12, as root.
 set -euo pipefail
-# systemd only for systemd-analyze (units are verified before they are installed). LXC itself
+# systemd only for systemd-analyze (units are verified before they are installed); python3-venv
+# for the repo-local virtualenv on a bare Debian 12 (its python3 has no ensurepip without it). LXC itself
 # runs inside the Proxmox-like test host, from the test-host image, not on this machine.
-wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd)
+wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd python3-venv)
 missing=()
 for p in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -278,7 +278,7 @@ def test_release_waits_for_memory_to_fall(tmp_path: Path) -> None:
             "nvidia_smi": smi,
             "poll_interval": 0.05,
             "threshold_mib": 512,
-            "release_timeout": 10,
+            "release_timeout": 3,
             "instances": [{"name": "gpu0", "gpus": [0]}, {"name": "gpu1", "gpus": [1]}],
         }
     )
@@ -286,7 +286,7 @@ def test_release_waits_for_memory_to_fall(tmp_path: Path) -> None:
     assert res["instances"]["gpu0"]["samples"] == 3
     assert res["instances"]["gpu0"]["used_mib_first"] == {"0": 90000}
     assert res["instances"]["gpu1"]["released"] is False
-    assert "not released within 10s" in res["instances"]["gpu1"]["msg"]
+    assert "not released within 3s" in res["instances"]["gpu1"]["msg"]
 
 
 # -- settings comparison and secrets ---------------------------------------------------------
