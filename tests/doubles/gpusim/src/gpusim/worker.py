@@ -101,8 +101,11 @@ class Scheduler:
 
     def fail(self, exc_type: str, message: str) -> None:
         self.log.error(f"Scheduler hit an exception: {_fake_traceback(exc_type, message)}")
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(self.spec["main_pid"]), signal.SIGQUIT)
+        # SGLang signals its parent process; a scheduler whose parent is gone (reparented) has no
+        # one to tell, and the number it was given may since name another process.
+        if os.getppid() == int(self.spec["main_pid"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(self.spec["main_pid"]), signal.SIGQUIT)
         # The parent kills the whole tree; linger like the real process until then.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
