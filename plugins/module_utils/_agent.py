@@ -816,6 +816,9 @@ def op_apply(req: dict[str, Any]) -> dict[str, Any]:
     the retune plugin's job, with its checks."""
     check = bool(req.get("check_mode"))
     result: dict[str, Any] = {"changed": False, "files": [], "actions": [], "started": []}
+    for name in keep_running_as_last_good(req, check):
+        result["changed"] = True
+        result["actions"].append(f"keep the settings {name} runs now as its last good settings")
     if req.get("user"):
         user = ensure_user(req["user"], check)
         result["actions"] += user["actions"]
@@ -1513,21 +1516,68 @@ def smoke_requests(
     return {"sent": sent, "ok": ok, "errors": errors}
 
 
-def record_last_good(ctx: Context, inst: dict[str, Any]) -> None:
-    unit_path = os.path.join(UNIT_DIR, inst["unit"])
-    unit = file_state(unit_path)
+def _last_good_record(inst: dict[str, Any], unit_path: str, unit_text: str) -> str:
     record = {
         "name": inst["name"],
         "unit": inst["unit"],
         "unit_path": unit_path,
-        "unit_text": unit.get("text", ""),
+        "unit_text": unit_text,
         "argv": inst["argv"],
-        "env": inst.get("env", {}),
-        "expected_server_info": inst.get("expected_server_info", {}),
+        "env": inst.get("env") or {},
+        "expected_server_info": inst.get("expected_server_info") or {},
         "fingerprint": inst.get("fingerprint"),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_atomic(ctx.last_good_path(inst["name"]), json.dumps(record, indent=2, sort_keys=True) + "\n", 0o644)
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
+def record_last_good(ctx: Context, inst: dict[str, Any]) -> None:
+    unit_path = os.path.join(UNIT_DIR, inst["unit"])
+    text = _last_good_record(inst, unit_path, file_state(unit_path).get("text", ""))
+    write_atomic(ctx.last_good_path(inst["name"]), text, 0o644)
+
+
+def keep_running_as_last_good(req: dict[str, Any], check: bool) -> list[str]:
+    """Before new settings overwrite an instance's unit, keep the settings it runs now as its last
+    good settings if none are recorded yet (the first change after a deploy), so that a retune
+    whose new settings fail has something to roll back to. Kept only on evidence that the old
+    unit is what runs: the unit is active (its start waited for /health), and its main process
+    has the command line and environment of the installed desired-settings record."""
+    state_dir = req.get("state_dir", STATE_DIR_DEFAULT)
+    desired_dir = req.get("desired_dir", DESIRED_DIR_DEFAULT)
+    specs = {spec["path"]: spec for spec in req.get("files", [])}
+    kept = []
+    for path, spec in specs.items():
+        if os.path.dirname(path) != desired_dir or not path.endswith(".json"):
+            continue
+        try:
+            new = json.loads(spec["content"])
+        except ValueError:
+            continue
+        name, unit = new.get("name"), new.get("unit")
+        if not isinstance(name, str) or not isinstance(unit, str):
+            continue
+        unit_path = os.path.join(UNIT_DIR, unit)
+        unit_spec = specs.get(unit_path)
+        before = file_state(unit_path)
+        if unit_spec is None or not before["exists"] or before["sha256"] == _sha256(unit_spec["content"].encode()):
+            continue  # no unit yet, or it is not about to change
+        last_good = os.path.join(state_dir, "instances", name, "last-good.json")
+        old = _load_json(path)
+        if os.path.exists(last_good) or not old or old.get("name") != name or not old.get("argv"):
+            continue
+        state = systemctl_show([unit]).get(unit, {})
+        pid = _identity(state)["main_pid"]
+        if state.get("ActiveState") != "active" or pid <= 0 or not argv_matches(old["argv"], proc_cmdline(pid)):
+            continue
+        environ = proc_environ(pid) or {}
+        if any(environ.get(k) != v for k, v in (old.get("env") or {}).items()):
+            continue
+        kept.append(name)
+        if not check:
+            old["unit"] = unit
+            write_atomic(last_good, _last_good_record(old, unit_path, before.get("text", "")), 0o644)
+    return kept
 
 
 def op_record(req: dict[str, Any]) -> dict[str, Any]:

@@ -404,6 +404,63 @@ def test_apply_writes_atomically_with_modes_and_reports_changes(tmp_path: Path) 
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
 
 
+def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first new settings after a deploy: the unit about to be overwritten is what runs (active,
+    the main process has the installed record's command line), so it is kept for a rollback."""
+    units, desired, state = tmp_path / "units", tmp_path / "desired", tmp_path / "state"
+    units.mkdir()
+    desired.mkdir()
+    monkeypatch.setattr(_agent, "UNIT_DIR", str(units))
+    running = subprocess.Popen(["sleep", "60"], env={"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin:/bin"})
+    shown = {"ActiveState": "active", "MainPID": str(running.pid)}
+    monkeypatch.setattr(_agent, "systemctl_show", lambda names: {n: dict(shown) for n in names})
+
+    def record(argv: list[str]) -> str:
+        env = {"CUDA_VISIBLE_DEVICES": "0"}
+        return json.dumps({"name": "gpu0", "unit": "sglang-gpu0.service", "argv": argv, "env": env})
+
+    (units / "sglang-gpu0.service").write_text("old unit\n")
+    (desired / "gpu0.json").write_text(record(["sleep", "60"]))
+    req = {
+        "op": "apply",
+        "desired_dir": str(desired),
+        "state_dir": str(state),
+        "files": [
+            {"path": str(units / "sglang-gpu0.service"), "content": "new unit\n", "verify": False},
+            {"path": str(desired / "gpu0.json"), "content": record(["sleep", "61"])},
+        ],
+    }
+    last_good = state / "instances" / "gpu0" / "last-good.json"
+    try:
+        # A unit that is not running, or runs something else, is no evidence: nothing kept.
+        shown["ActiveState"] = "failed"
+        assert _agent.keep_running_as_last_good(req, check=False) == []
+        shown["ActiveState"] = "active"
+        (desired / "gpu0.json").write_text(record(["sleep", "59"]))
+        assert _agent.keep_running_as_last_good(req, check=False) == []
+        (desired / "gpu0.json").write_text(record(["sleep", "60"]))
+        assert _agent.keep_running_as_last_good(req, check=True) == ["gpu0"]
+        assert not last_good.exists()  # check mode writes nothing
+
+        res = _agent.run(req)
+        assert "keep the settings gpu0 runs now as its last good settings" in res["actions"]
+        kept = json.loads(last_good.read_text())
+        assert (kept["unit_text"], kept["argv"]) == ("old unit\n", ["sleep", "60"])
+        assert (units / "sglang-gpu0.service").read_text() == "new unit\n"
+        # Recorded once: a later change keeps the recorded last good settings as they are.
+        assert (
+            _agent.keep_running_as_last_good(
+                dict(req, files=[dict(req["files"][0], content="newer unit\n"), req["files"][1]]), check=False
+            )
+            == []
+        )
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_apply_refuses_a_unit_that_systemd_analyze_flags(tmp_path: Path) -> None:
     if not _agent._which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed")
