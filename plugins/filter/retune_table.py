@@ -52,6 +52,8 @@ def _num(value: Any) -> str:
 def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
     if not result:
         return [(host, "not run", "", "", "", "", "no retune result (host skipped, unreachable or failed before)")]
+    if result.get("skipped"):
+        return [(host, "skipped", "", "", "", "", str(result.get("msg", "")))]
     if "instances" not in result or not result["instances"]:
         return [(host, "failed" if result.get("failed") else "none", "", "", "", "", str(result.get("msg", ""))[:80])]
     rows = []
