@@ -37,10 +37,12 @@ for stage in "${failed[@]+"${failed[@]}"}"; do
     # pytest's short summary: one line per failed test, with its assertion message.
     grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-400 | head -n "$tail_lines"
     grep -E '(passed|failed|errors?)( in |, )' "$log" | tail -n 1
-  elif [ "$stage" = molecule ] && grep -qE '^(fatal|failed): ' "$log"; then
-    # The scenario that failed and Ansible's own failure lines (task output is already redacted).
-    grep -E '^--- molecule scenario: ' "$log" | tail -n 1
-    grep -E '^(TASK \[|fatal: |failed: )' "$log" | grep -B1 -E '^(fatal|failed): ' | cut -c1-400 | tail -n "$tail_lines"
+  elif [ "$stage" = molecule ] && sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -qE '(fatal|failed): \['; then
+    # The scenario that failed, the last failure Ansible printed and Molecule's verdict.
+    plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log")
+    grep -E '^--- molecule scenario: ' <<<"$plain" | tail -n 1
+    awk -v n="$tail_lines" '/(fatal|failed): \[/ {buf = ""; left = n} left > 0 {buf = buf $0 "\n"; left--} END {printf "%s", buf}' <<<"$plain" | cut -c1-400
+    grep -E '^ERROR ' <<<"$plain" | tail -n 2 | cut -c1-400
   else
     tail -n "$tail_lines" "$log" | cut -c1-400
   fi
