@@ -51,7 +51,7 @@ lint: venv collections
 	@$(BIN)/ansible-lint --profile production --offline -q
 
 unit: venv collections
-	@$(BIN)/pytest -q -n 2 $(PYTEST_ARGS)
+	@PYTEST=$(BIN)/pytest tools/unit.sh $(PYTEST_ARGS)
 
 molecule: venv collections image
 	@set -e; for s in $(SCENARIOS); do echo "--- molecule scenario: $$s"; $(BIN)/molecule test -s $$s; done

@@ -34,9 +34,11 @@ for stage in "${failed[@]+"${failed[@]}"}"; do
   echo
   echo "=== stage $stage failed; its last lines (whole log: $log) ==="
   if [ "$stage" = unit ] && grep -qE '^(FAILED|ERROR) ' "$log"; then
-    # pytest's short summary: one line per failed test, with its assertion message.
-    grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-400 | head -n "$tail_lines"
-    grep -E '(passed|failed|errors?)( in |, )' "$log" | tail -n 1
+    # pytest's short summary: one line per failed test, with its assertion message (of the
+    # serial rerun of the failed tests when there was one: tools/unit.sh).
+    last=$(awk '/^=== .* running them again/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$log")
+    grep -E '^(FAILED|ERROR) ' <<<"$last" | cut -c1-400 | head -n "$tail_lines"
+    grep -E '(passed|failed|errors?)( in |, )' <<<"$last" | tail -n 1
   elif [ "$stage" = molecule ] && sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -qE '(fatal|failed): \['; then
     # The scenario that failed, the last failure Ansible printed and Molecule's verdict.
     plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log")
@@ -47,6 +49,12 @@ for stage in "${failed[@]+"${failed[@]}"}"; do
     tail -n "$tail_lines" "$log" | cut -c1-400
   fi
 done
+flaky=$(cat "$log_dir"/*.log 2>/dev/null | grep -E '^FLAKY ' | cut -c1-400 || true)
+if [ -n "$flaky" ]; then
+  echo
+  echo "=== flaky tests (failed in the parallel run, passed alone; to be fixed) ==="
+  echo "$flaky"
+fi
 echo
 echo "=== summary ==="
 for r in "${results[@]}"; do echo "stage $r"; done
