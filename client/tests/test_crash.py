@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from fleetkit import MotoServer, SimServer, cli, read_records, start_cli, wait_for, write_prompts
+from fleetkit import MotoServer, SimServer, cli, generate_args, read_records, start_cli, wait_for, write_prompts
 
 PROMPTS = 4000
 KILLS = 16
@@ -38,15 +38,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     p = write_prompts(tmp_path / "p.jsonl", PROMPTS)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[0].url,
-        "--endpoint",
-        shared_sim[1].url,
+        *generate_args(p, out, shared_sim[0].url, shared_sim[1].url),
         "--max-tokens",
         "12",
         "--shard-records",

@@ -14,6 +14,7 @@ from fleetkit import (
     cli,
     client_env,
     free_port,
+    generate_args,
     read_records,
     read_status,
     start_cli,
@@ -28,10 +29,7 @@ FAST = ["--backoff-base", "0.01", "--backoff-max", "0.05", "--progress", "log", 
 def gen(
     prompts: Path, out: Path, *endpoints: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    args = ["generate", "--prompts", str(prompts), "--output", str(out), *FAST, *extra]
-    for e in endpoints:
-        args += ["--endpoint", e]
-    return cli(*args, env=env)
+    return cli(*generate_args(prompts, out, *endpoints), *FAST, *extra, env=env)
 
 
 def verify(prompts: Path, *outs: Path) -> str:
@@ -156,9 +154,7 @@ def test_concurrency_from_server_info_control_file_and_pause(tmp_path: Path) -> 
         assert s is not None
         p = write_prompts(tmp_path / "p.jsonl", 400)
         out = tmp_path / "out"
-        proc = start_cli(
-            "generate", "--prompts", str(p), "--output", str(out), "--endpoint", srv.url, *FAST, log=tmp_path / "log"
-        )
+        proc = start_cli(*generate_args(p, out, srv.url), *FAST, log=tmp_path / "log")
         try:
             wait_for(
                 lambda: read_status(out).get("endpoints", {}).get(srv.url, {}).get("concurrency") == 3,
@@ -212,13 +208,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_zero(tmp_path: Path) -> 
         p = write_prompts(tmp_path / "p.jsonl", 100)
         out = tmp_path / "out"
         proc = start_cli(
-            "generate",
-            "--prompts",
-            str(p),
-            "--output",
-            str(out),
-            "--endpoint",
-            srv.url,
+            *generate_args(p, out, srv.url),
             *FAST,
             "--drain-timeout",
             "30",
@@ -236,13 +226,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_zero(tmp_path: Path) -> 
         # A drain deadline shorter than the requests: they are abandoned and sent again next time.
         srv.behaviour.delay = 5.0
         proc = start_cli(
-            "generate",
-            "--prompts",
-            str(p),
-            "--output",
-            str(out),
-            "--endpoint",
-            srv.url,
+            *generate_args(p, out, srv.url),
             *FAST,
             "--drain-timeout",
             "0.3",

@@ -19,6 +19,7 @@ from fleetkit import (
     ThreadedFakeServer,
     cli,
     client_env,
+    generate_args,
     read_records,
     read_status,
     start_cli,
@@ -73,13 +74,7 @@ def test_upload_manifest_idempotence_and_verify(tmp_path: Path, moto: MotoServer
     p = write_prompts(tmp_path / "p.jsonl", 400)
     out = tmp_path / "out"
     r = cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[0].url,
+        *generate_args(p, out, shared_sim[0].url),
         "--shard-records",
         "100",
         *FAST,
@@ -109,13 +104,7 @@ def test_upload_manifest_idempotence_and_verify(tmp_path: Path, moto: MotoServer
     for f in (out / ".state" / "index").glob("*.uploaded"):
         f.unlink()
     r = cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[0].url,
+        *generate_args(p, out, shared_sim[0].url),
         *FAST,
         *s3_args(moto.url, uri),
     )
@@ -180,13 +169,7 @@ def test_s3_down_at_the_end_of_the_job(tmp_path: Path, moto: MotoServer, fake: T
     p = write_prompts(tmp_path / "p.jsonl", 100)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        fake.url,
+        *generate_args(p, out, fake.url),
         "--shard-records",
         "40",
         *FAST,
@@ -225,13 +208,7 @@ def test_delete_local_after_verified_upload(tmp_path: Path, moto: MotoServer, sh
     p = write_prompts(tmp_path / "p.jsonl", 300)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[1].url,
+        *generate_args(p, out, shared_sim[1].url),
         "--shard-records",
         "100",
         "--s3-delete-local",
@@ -259,15 +236,7 @@ def test_s3_outage_mid_run_delays_uploads_but_not_generation(
     p = write_prompts(tmp_path / "p.jsonl", 2000)
     out = tmp_path / "out"
     proc = start_cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[0].url,
-        "--endpoint",
-        shared_sim[1].url,
+        *generate_args(p, out, shared_sim[0].url, shared_sim[1].url),
         "--shard-records",
         "50",
         *FAST,
@@ -314,13 +283,7 @@ def test_a_new_host_adopts_what_s3_holds(tmp_path: Path, moto: MotoServer) -> No
         p = write_prompts(tmp_path / "p.jsonl", 200)
         first = tmp_path / "host-a"
         r = cli(
-            "generate",
-            "--prompts",
-            str(p),
-            "--output",
-            str(first),
-            "--endpoint",
-            srv.url,
+            *generate_args(p, first, srv.url),
             "--shard-records",
             "60",
             "--shard",
@@ -333,13 +296,7 @@ def test_a_new_host_adopts_what_s3_holds(tmp_path: Path, moto: MotoServer) -> No
         write_prompts(p, 300)  # the job grows: 100 more prompts
         second = tmp_path / "host-b"
         r = cli(
-            "generate",
-            "--prompts",
-            str(p),
-            "--output",
-            str(second),
-            "--endpoint",
-            srv.url,
+            *generate_args(p, second, srv.url),
             "--shard-records",
             "60",
             "--shard",
@@ -365,13 +322,7 @@ def test_verify_s3_finds_a_doubled_shard(tmp_path: Path, moto: MotoServer, fake:
     uri = f"s3://{bucket}/dup"
     p = write_prompts(tmp_path / "p.jsonl", 50)
     r = cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(tmp_path / "out"),
-        "--endpoint",
-        fake.url,
+        *generate_args(p, tmp_path / "out", fake.url),
         *FAST,
         *s3_args(moto.url, uri),
     )

@@ -9,6 +9,7 @@ from fleetkit import (
     SimServer,
     Simulator,
     cli,
+    generate_args,
     read_records,
     read_status,
     start_cli,
@@ -35,15 +36,7 @@ def test_two_servers_reasoning_and_capacity_from_server_info(tmp_path: Path, sha
     p = write_prompts(tmp_path / "p.jsonl", 600)
     out = tmp_path / "out"
     r = cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        shared_sim[0].url,
-        "--endpoint",
-        shared_sim[1].url,
+        *generate_args(p, out, shared_sim[0].url, shared_sim[1].url),
         "--separate-reasoning",
         "--shard-records",
         "200",
@@ -70,13 +63,7 @@ def test_server_killed_and_relaunched_mid_run(tmp_path: Path, simulator: Simulat
     p = write_prompts(tmp_path / "p.jsonl", 1500)
     out = tmp_path / "out"
     client = start_cli(
-        "generate",
-        "--prompts",
-        str(p),
-        "--output",
-        str(out),
-        "--endpoint",
-        server.url,
+        *generate_args(p, out, server.url),
         *FAST,
         "--concurrency-factor",
         "1.0",

@@ -57,6 +57,14 @@ def client_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def generate_args(prompts: Path, out: Path, *endpoints: str) -> list[str]:
+    """The words of `sglang-fleet generate` for a prompt file, an output directory and endpoints."""
+    args = ["generate", "--prompts", str(prompts), "--output", str(out)]
+    for endpoint in endpoints:
+        args += ["--endpoint", endpoint]
+    return args
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sglang_fleet", *args],
