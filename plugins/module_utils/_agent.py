@@ -647,6 +647,11 @@ def argv_matches(expected: list[str], running: list[str]) -> bool:
     return True
 
 
+def env_mismatches(expected: dict[str, str], environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The desired environment variables a running process does not have as desired."""
+    return {k: {"expected": v, "running": environ.get(k)} for k, v in sorted(expected.items()) if environ.get(k) != v}
+
+
 def argv_flags(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
     """Split an SGLang command line into its command words (interpreter, ``-m module``) and a
     {flag: value} map: a bare switch is True, one value a string, several (nargs) a list."""
@@ -1049,13 +1054,7 @@ def op_inspect(req: dict[str, Any]) -> dict[str, Any]:
             argv = proc_cmdline(pid)
             facts["argv"] = ctx.redactor.argv(argv)
             facts["argv_matches"] = argv_matches(inst.get("argv", []), argv)
-            environ = proc_environ(pid) or {}
-            expected_env = inst.get("env", {})
-            facts["env_mismatches"] = {
-                k: {"expected": v, "running": environ.get(k)}
-                for k, v in sorted(expected_env.items())
-                if environ.get(k) != v
-            }
+            facts["env_mismatches"] = env_mismatches(inst.get("env") or {}, proc_environ(pid) or {})
             facts["user"] = _user_name(proc_uid(pid))
         if running:
             facts.update(probe_server(ctx, inst))
@@ -1570,8 +1569,7 @@ def keep_running_as_last_good(req: dict[str, Any], check: bool) -> list[str]:
         pid = _identity(state)["main_pid"]
         if state.get("ActiveState") != "active" or pid <= 0 or not argv_matches(old["argv"], proc_cmdline(pid)):
             continue
-        environ = proc_environ(pid) or {}
-        if any(environ.get(k) != v for k, v in (old.get("env") or {}).items()):
+        if env_mismatches(old.get("env") or {}, proc_environ(pid) or {}):
             continue
         kept.append(name)
         if not check:
