@@ -39,9 +39,8 @@ for stage in "${failed[@]+"${failed[@]}"}"; do
     last=$(awk '/^=== .* running them again/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$log")
     grep -E '^(FAILED|ERROR) ' <<<"$last" | cut -c1-400 | head -n "$tail_lines"
     grep -E '(passed|failed|errors?)( in |, )' <<<"$last" | tail -n 1
-  elif [ "$stage" = molecule ] && sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -qE '(fatal|failed): \['; then
+  elif [ "$stage" = molecule ] && plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log") && grep -qE '(fatal|failed): \[' <<<"$plain"; then
     # The scenario that failed, the last failure Ansible printed and Molecule's verdict.
-    plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log")
     grep -E '^--- molecule scenario: ' <<<"$plain" | tail -n 1
     awk -v n="$tail_lines" '/(fatal|failed): \[/ {buf = ""; left = n} left > 0 {buf = buf $0 "\n"; left--} END {printf "%s", buf}' <<<"$plain" | cut -c1-400
     grep -E '^ERROR ' <<<"$plain" | tail -n 2 | cut -c1-400
