@@ -28,6 +28,18 @@ sys.path.insert(0, str(SRC))
 
 from gpusim import procutil, registry  # noqa: E402  (importable only after the path insert)
 
+# MTP speculative decoding as the example inventory's B200 hosts run it.
+SPEC = [
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+]
+
 FAST = {
     "sglang_version": "0.5.23",
     "model": {"profile": "tiny"},

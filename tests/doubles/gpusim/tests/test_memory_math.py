@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SPEC
 
 from gpusim import cli_parser, memory, resolve
 from gpusim.config import Config
@@ -12,16 +13,6 @@ from gpusim.versions import Version
 H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771}
 B200 = {"name": "NVIDIA B200", "memory_total_mib": 183359}
 RTX = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887}
-SPEC = [
-    "--speculative-algorithm",
-    "NEXTN",
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-]
 
 
 def setup(version: str, gpus: dict, argv: list[str], profile: str = "qwen3-8b", **extra):

@@ -13,21 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import SPEC, wait_for
 
 from gpusim import procutil
 
 B200_QWEN36 = {"gpus": {"name": "NVIDIA B200", "memory_total_mib": 183359}, "model": {"profile": "qwen3.6-27b"}}
-SPEC = [
-    "--speculative-algorithm",
-    "NEXTN",
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-]
 
 
 def connectable(port: int) -> bool:
