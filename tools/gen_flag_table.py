@@ -14,6 +14,10 @@ reads (help text, defaults). This keeps what rendering and validation need:
   (``--disable-piecewise-cuda-graph`` means ``--cuda-graph-backend-prefill=disabled``), read from
   the dumps' ``deprecated_for`` texts.
 
+The dumps live in the simulator's package, ``tests/doubles/gpusim/src/gpusim/flags/`` (its
+README says where they come from), the one copy in the repository: add a release there and run
+this script. Files in SOURCE_DIR not named ``<version>.json`` (``order.json``) are ignored.
+
 Usage::
 
     tools/gen_flag_table.py [SOURCE_DIR] [--output FILE] [--check]
@@ -32,8 +36,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SOURCE = Path("/work/shared/reference/sglang-flags")
-DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "plugins" / "plugin_utils" / "sglang_flags.json"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCE = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "flags"
+DEFAULT_OUTPUT = REPO_ROOT / "plugins" / "plugin_utils" / "sglang_flags.json"
+VERSION_FILE = re.compile(r"\d+\.\d+\.\d+")
 FORMAT = 1
 
 _DEPRECATED_VALUE_ACTIONS = frozenset({"DeprecatedStoreConstAction"})
@@ -88,7 +94,9 @@ class _Groups:
 
 
 def load_sources(source: Path) -> dict[str, dict[str, Any]]:
-    files = sorted(source.glob("*.json"), key=lambda p: version_key(p.stem))
+    files = sorted(
+        (p for p in source.glob("*.json") if VERSION_FILE.fullmatch(p.stem)), key=lambda p: version_key(p.stem)
+    )
     if not files:
         raise SystemExit(f"no <version>.json files in {source}")
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in files}

@@ -27,7 +27,7 @@ options:
   version:
     description:
       - SGLang version whose flag table applies, for example V(0.5.23).
-      - One of the versions the collection has a table for (0.5.9, 0.5.14, 0.5.18, 0.5.23).
+      - One of the versions the collection has a table for (0.5.9, 0.5.14, 0.5.18 to 0.5.23).
     type: str
     required: true
 """

@@ -71,6 +71,14 @@ REMOVAL_NOTES: Mapping[str, str] = {
     "enable_breakable_cuda_graph": "before 0.5.14 there is no breakable CUDA graph backend; remove the key",
 }
 
+# Values a release's own type converter refuses before argparse looks at the choices, keyed by the
+# converter's name in the flag table: (converter, value) -> the converter's error text. From 0.5.22
+# parse_cuda_graph_backend_arg refuses tc_piecewise for --cuda-graph-backend-{decode,prefill}; the
+# argparse dumps show only the converter's name (see the flag dumps' README).
+CONVERTER_REFUSALS: Mapping[tuple[str, str], str] = {
+    ("parse_cuda_graph_backend_arg", "tc_piecewise"): "tc_piecewise was removed; select breakable, full, or disabled",
+}
+
 # /server_info reports some values in another form than the flag took them.
 SERVER_INFO_REWRITES: Sequence[tuple[str, Any, Any, tuple[str, ...]]] = (
     # (setting, value given, value reported, versions): 0.5.9 rewrites NEXTN in _handle_speculative_decoding.
@@ -389,8 +397,16 @@ def _scalar(flag: Flag, value: Any) -> Any:
     return _Bad(f"expects {_TYPE_WORDS.get(kind, 'a string')}, got {_describe(value)}")
 
 
+def _refusal(flag: Flag | None, value: Any) -> str | None:
+    """The converter's error text when ``flag``'s type converter refuses ``value``."""
+    if flag is None or not isinstance(value, str):
+        return None
+    return CONVERTER_REFUSALS.get((flag.type or "str", value))
+
+
 def _choice_problem(table: FlagTable, version: str, flag: Flag, value: Any) -> str | None:
-    if flag.choices is None or value in flag.choices:
+    refusal = _refusal(flag, value)
+    if refusal is None and (flag.choices is None or value in flag.choices):
         return None
     group = table.rename_group(flag.name)
     elsewhere = [
@@ -402,13 +418,20 @@ def _choice_problem(table: FlagTable, version: str, flag: Flag, value: Any) -> s
             and not other.deprecated
             and other.choices is not None
             and value in other.choices
+            and _refusal(other, value) is None
             for member in group
         )
     ]
-    text = (
-        f"{value!r} is not a valid choice for {flag.opt} on SGLang {version}; "
-        f"choose one of: {', '.join(str(c) for c in flag.choices)}"
-    )
+    if refusal is not None:
+        text = f"{value!r} is refused by {flag.opt} on SGLang {version}, whose parser answers {refusal!r}"
+        if flag.choices:
+            text += f"; choose one of: {', '.join(str(c) for c in flag.choices)}"
+    else:
+        assert flag.choices is not None
+        text = (
+            f"{value!r} is not a valid choice for {flag.opt} on SGLang {version}; "
+            f"choose one of: {', '.join(str(c) for c in flag.choices)}"
+        )
     if elsewhere:
         text += f" ({value!r} is accepted by SGLang {', '.join(elsewhere)})"
     return text

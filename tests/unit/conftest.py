@@ -4,10 +4,11 @@
 so putting ``collections/`` on sys.path makes ``ansible_collections.sglang_ops.fleet`` importable
 from a plain checkout.
 
-The ``sglang_argparse`` fixture rebuilds each SGLang version's argparse parser from the reference
-dumps (``$SGLANG_FLAGS_DIR``, default /work/shared/reference/sglang-flags) or, where those are not
-reachable (CI), from the committed flag table. Tests parse rendered argv with it to prove that the
-words are ones that version's parser accepts and maps to the intended settings.
+The ``sglang_argparse`` fixture rebuilds each SGLang version's argparse parser from the flag dumps
+vendored in the repository (``tests/doubles/gpusim/src/gpusim/flags/``, dumped from each release's
+own parser), independently of the collection's generated flag table. Tests parse rendered argv
+with it to prove that the words are ones that version's parser accepts and maps to the intended
+settings.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import re
 import sys
 from collections.abc import Mapping
@@ -27,14 +27,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 COLLECTIONS = REPO_ROOT / "collections"
-REFERENCE_FLAGS = Path(os.environ.get("SGLANG_FLAGS_DIR", "/work/shared/reference/sglang-flags"))
+FLAG_DUMPS = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "flags"
 
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
-
-
-def reference_available() -> bool:
-    return REFERENCE_FLAGS.is_dir() and any(REFERENCE_FLAGS.glob("*.json"))
 
 
 def _human_readable_int(text: str) -> int:
@@ -118,37 +114,10 @@ def _add_entry(parser: argparse.ArgumentParser, entry: Mapping[str, Any]) -> Non
 class SGLangArgparse:
     """Per-version parsers like SGLang's (allow_abbrev on, every spelling and alias present)."""
 
-    def __init__(self) -> None:
-        self.source = "reference dumps" if reference_available() else "committed flag table"
-
     @functools.cache  # noqa: B019 - one instance per session; the cache lives as long as the fixture
     def entries(self, version: str) -> dict[str, Any]:
-        """The argparse entries of ``version``, in the reference dump format."""
-        if reference_available():
-            return json.loads((REFERENCE_FLAGS / f"{version}.json").read_text(encoding="utf-8"))
-        # Imported here: the collection is importable only once this conftest has extended sys.path.
-        from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table  # noqa: PLC0415
-
-        entries: dict[str, Any] = {}
-        for flag in load_table().flags(version).values():
-            base = {
-                "dest": flag.dest,
-                "type": flag.type,
-                "nargs": flag.nargs if flag.kind == "list" else ("?" if flag.kind == "optional" else None),
-                "choices": list(flag.choices) if flag.choices else None,
-                "const": flag.const,
-                "deprecated_for": flag.deprecated_for,
-            }
-            action = {"switch": "_StoreTrueAction", "boolopt": "BooleanOptionalAction", "rejected": "DeprecatedAction"}
-            spellings = [flag.opt, *flag.aliases, *([flag.no_opt] if flag.no_opt else [])]
-            kind_action = action.get(flag.kind, "_StoreAction")
-            if flag.deprecated_for is not None and kind_action == "_StoreTrueAction":
-                kind_action = "DeprecatedStoreTrueAction"
-            entries[flag.opt] = {**base, "action": kind_action, "option_strings": spellings}
-            for alias in flag.deprecated_aliases:
-                alias_action = "DeprecatedStoreTrueAction" if flag.kind == "switch" else "DeprecatedAliasStoreAction"
-                entries[alias] = {**base, "action": alias_action, "option_strings": [alias], "choices": None}
-        return entries
+        """The argparse entries of ``version``, as its own parser dumped them."""
+        return json.loads((FLAG_DUMPS / f"{version}.json").read_text(encoding="utf-8"))
 
     @functools.cache  # noqa: B019
     def parser(self, version: str) -> argparse.ArgumentParser:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
+from gpusim.versions import KNOWN_VERSIONS, fmt
+
 
 def test_wheel_contents_and_console_scripts(tmp_path: Path):
     src = tmp_path / "src-copy"
@@ -23,7 +25,8 @@ def test_wheel_contents_and_console_scripts(tmp_path: Path):
     )
     wheel = next(out.glob("sglang_fleet_gpusim-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for flags in ("0.5.9", "0.5.14", "0.5.18", "0.5.23"):
+    assert len(KNOWN_VERSIONS) == 8
+    for flags in map(fmt, KNOWN_VERSIONS):
         assert f"gpusim/flags/{flags}.json" in names
         assert (ROOT / "src/gpusim/flags" / f"{flags}.json").read_bytes() == zipfile.ZipFile(wheel).read(
             f"gpusim/flags/{flags}.json"

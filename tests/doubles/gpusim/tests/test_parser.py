@@ -13,6 +13,7 @@ from gpusim import cli_parser
 from gpusim.versions import Version
 
 YELLOW = "\x1b[1;33m"
+CAPTURED = ("0.5.9", "0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 
 def parse(version: str, *args: str) -> dict:
@@ -29,7 +30,7 @@ def parse_error(version: str, capsys, *args: str, with_model: bool = True) -> st
     return err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.18", "0.5.23"])
+@pytest.mark.parametrize("version", CAPTURED)
 @pytest.mark.parametrize(
     "args",
     [
@@ -58,6 +59,15 @@ def test_prefix_values_land_in_the_right_fields():
     ("version", "args", "expected"),
     [
         ("0.5.18", ["--trust"], "ambiguous option: --trust could match --trust-remote-code, --trust-mm-content-hashes"),
+        ("0.5.20", ["--trust"], "ambiguous option: --trust could match --trust-remote-code, --trust-mm-content-hashes"),
+        (
+            "0.5.21",
+            ["--trust"],
+            "ambiguous option: --trust could match --trust-remote-code, --trust-request-chat-template, "
+            "--trust-mm-content-hashes",
+        ),
+        ("0.5.21", ["--context", "4096"], "ambiguous option: --context could match --context-length, --context-bucket"),
+        ("0.5.22", ["--context", "4096"], "ambiguous option: --context could match --context-length, --context-bucket"),
         ("0.5.23", ["--context", "4096"], "ambiguous option: --context could match --context-length, --context-bucket"),
         ("0.5.23", ["--page", "64"], "ambiguous option: --page could match --page-size, --paged-experts-num-resident"),
         (
@@ -72,6 +82,16 @@ def test_prefix_values_land_in_the_right_fields():
         ),
         (
             "0.5.23",
+            ["--cuda-graph-max-bs", "8"],
+            "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        ),
+        (
+            "0.5.20",
+            ["--cuda-graph-max-bs", "8"],
+            "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        ),
+        (
+            "0.5.22",
             ["--cuda-graph-max-bs", "8"],
             "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
         ),
@@ -94,6 +114,8 @@ def test_ambiguous_prefixes(version, args, expected, capsys):
 def test_prefixes_that_still_work_on_old_versions():
     assert parse("0.5.14", "--trust")["trust_remote_code"] is True
     assert parse("0.5.18", "--context", "4096")["context_length"] == 4096
+    assert parse("0.5.20", "--context", "4096")["context_length"] == 4096
+    assert parse("0.5.19", "--trust-r")["trust_remote_code"] is True
     assert parse("0.5.9", "--page", "64")["page_size"] == 64
     assert parse("0.5.9", "--cuda-graph-max-bs", "8")["cuda_graph_max_bs"] == 8
 
@@ -133,11 +155,69 @@ def test_prefixes_that_still_work_on_old_versions():
             "argument --attention-backend: invalid choice: 'cutlass_mla'",
         ),
         ("0.5.23", ["--kv-cache-dtype", "fp4_e2m1"], "argument --kv-cache-dtype: invalid choice: 'fp4_e2m1'"),
+        # 0.5.20 drops the deprecated aliases (all but --disable-cuda-graph) and two attention backends.
+        *(
+            (version, args, f"unrecognized arguments: {' '.join(args)}")
+            for version in ("0.5.20", "0.5.21", "0.5.22")
+            for args in (
+                ["--mamba-scheduler-strategy", "no_buffer"],
+                ["--disable-piecewise-cuda-graph"],
+                ["--enforce-piecewise-cuda-graph"],
+            )
+        ),
+        *(
+            (version, ["--attention-backend", backend], f"argument --attention-backend: invalid choice: '{backend}'")
+            for version in ("0.5.20", "0.5.21", "0.5.22")
+            for backend in ("cutlass_mla", "dual_chunk_flash_attn")
+        ),
+        ("0.5.21", ["--kv-cache-dtype", "fp4_e2m1"], "argument --kv-cache-dtype: invalid choice: 'fp4_e2m1'"),
+        ("0.5.22", ["--kv-cache-dtype", "fp4_e2m1"], "argument --kv-cache-dtype: invalid choice: 'fp4_e2m1'"),
+        (
+            "0.5.19",
+            ["--schedule-policy", "hrrn"],
+            "argument --schedule-policy: invalid choice: 'hrrn' (choose from 'lpm', 'random', 'fcfs', 'dfs-weight', "
+            "'lof', 'priority', 'routing-key')",
+        ),
+        (
+            "0.5.20",
+            ["--schedule-policy", "shortest-prefill-first"],
+            "argument --schedule-policy: invalid choice: 'shortest-prefill-first' (choose from 'lpm', 'random', "
+            "'fcfs', 'dfs-weight', 'lof', 'priority', 'routing-key', 'hrrn')",
+        ),
+        *(
+            (
+                "0.5.22",
+                [f"--cuda-graph-backend-{phase}", "tc_piecewise"],
+                f"argument --cuda-graph-backend-{phase}: tc_piecewise was removed; select breakable, full, or disabled",
+            )
+            for phase in ("decode", "prefill")
+        ),
     ],
 )
 def test_errors(version, args, expected, capsys):
     last = parse_error(version, capsys, *args)
     assert expected in last
+
+
+@pytest.mark.parametrize(
+    ("version", "args", "dest", "value"),
+    [
+        ("0.5.19", ["--attention-backend", "cutlass_mla"], "attention_backend", "cutlass_mla"),
+        ("0.5.19", ["--attention-backend", "dual_chunk_flash_attn"], "attention_backend", "dual_chunk_flash_attn"),
+        ("0.5.20", ["--kv-cache-dtype", "fp4_e2m1"], "kv_cache_dtype", "fp4_e2m1"),
+        ("0.5.20", ["--schedule-policy", "hrrn"], "schedule_policy", "hrrn"),
+        ("0.5.21", ["--schedule-policy", "shortest-prefill-first"], "schedule_policy", "shortest-prefill-first"),
+        ("0.5.21", ["--cuda-graph-backend-prefill", "tc_piecewise"], "cuda_graph_backend_prefill", "tc_piecewise"),
+        ("0.5.21", ["--cuda-graph-backend-decode", "tc_piecewise"], "cuda_graph_backend_decode", "tc_piecewise"),
+        ("0.5.22", ["--cuda-graph-backend-prefill", "breakable"], "cuda_graph_backend_prefill", "breakable"),
+        ("0.5.20", ["--cuda-graph-max-bs-decode", "8"], "cuda_graph_max_bs_decode", 8),
+        ("0.5.20", ["--mamba-radix-cache-strategy", "no_buffer"], "mamba_radix_cache_strategy", "no_buffer"),
+        ("0.5.21", ["--context-length", "4096"], "context_length", 4096),
+    ],
+)
+def test_values_the_release_accepts(version, args, dest, value, capsys):
+    assert parse(version, *args)[dest] == value
+    assert capsys.readouterr().err == ""
 
 
 def test_missing_model_path(capsys):
@@ -193,6 +273,47 @@ def test_human_readable_ints():
             "'--enforce-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
             "Use '--cuda-graph-backend-prefill=tc_piecewise' instead.",
         ),
+        # 0.5.19 still has every alias of 0.5.14 (removed in 0.5.20).
+        (
+            "0.5.19",
+            ["--cuda-graph-max-bs", "8"],
+            "cuda_graph_max_bs_decode",
+            8,
+            "'--cuda-graph-max-bs' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-max-bs-decode' instead.",
+        ),
+        (
+            "0.5.19",
+            ["--mamba-scheduler-strategy", "extra_buffer"],
+            "mamba_radix_cache_strategy",
+            "extra_buffer",
+            "'--mamba-scheduler-strategy' is deprecated and will be removed in a future release. "
+            "Use '--mamba-radix-cache-strategy' instead.",
+        ),
+        (
+            "0.5.19",
+            ["--disable-piecewise-cuda-graph"],
+            "cuda_graph_backend_prefill",
+            "disabled",
+            "'--disable-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-prefill=disabled' instead.",
+        ),
+        (
+            "0.5.19",
+            ["--enforce-piecewise-cuda-graph"],
+            "cuda_graph_backend_prefill",
+            "tc_piecewise",
+            "'--enforce-piecewise-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-prefill=tc_piecewise' instead.",
+        ),
+        (
+            "0.5.22",
+            ["--disable-cuda-graph"],
+            "disable_cuda_graph",
+            True,
+            "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
+            "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead.",
+        ),
     ],
 )
 def test_deprecated_aliases_warn_in_yellow_and_take_effect(version, args, dest, value, message, capsys):
@@ -235,12 +356,26 @@ def test_v9_parallel_dests_are_renamed():
 def test_between_versions_use_lower_table_and_dated_prog():
     v = Version.of("0.5.12")
     assert v.flags_table == "0.5.9" and v.prog_is_sglang_serve
-    assert Version.of("0.5.19").flags_table == "0.5.18"
+    assert Version.of("0.5.16").flags_table == "0.5.14"
+    assert Version.of("0.5.17").flags_table == "0.5.14"
     assert Version.of("0.5.30").flags_table == "0.5.23"
 
 
+@pytest.mark.parametrize("version", CAPTURED)
+def test_each_captured_release_parses_with_its_own_dump(version):
+    assert Version.of(version).flags_table == version
+    dump = cli_parser.load_flags(version)
+    assert "--model-path" in dump
+    parser = cli_parser.build_parser(Version.of(version))
+    spellings = {s for a in parser._actions for s in a.option_strings} - {"-h", "--help"}
+    expected = {s for entry in dump.values() for s in entry["option_strings"]}
+    assert spellings == expected
+
+
 def test_bundled_flag_tables_are_the_reference_copies():
-    for name in ("0.5.9", "0.5.14", "0.5.18", "0.5.23"):
+    names = sorted(p.name for p in (SRC / "gpusim" / "flags").glob("*.json"))
+    assert names == sorted([f"{v}.json" for v in CAPTURED] + ["order.json"])
+    for name in CAPTURED:
         data = cli_parser.load_flags(name)
         assert "--model-path" in data
         assert (SRC / "gpusim" / "flags" / f"{name}.json").read_bytes().startswith(b"{")
@@ -248,6 +383,32 @@ def test_bundled_flag_tables_are_the_reference_copies():
 
 def _launch(sim, *args: str, env=None) -> subprocess.CompletedProcess:
     return sim.run(sys.executable, "-m", "sglang.launch_server", *args, env=env, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("version", "args", "error"),
+    [
+        (
+            "0.5.20",
+            ["--cuda-graph-max-bs", "8"],
+            "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        ),
+        ("0.5.21", ["--context", "4096"], "ambiguous option: --context could match --context-length, --context-bucket"),
+        ("0.5.20", ["--mamba-scheduler-strategy", "auto"], "unrecognized arguments: --mamba-scheduler-strategy auto"),
+        (
+            "0.5.22",
+            ["--cuda-graph-backend-prefill", "tc_piecewise"],
+            "argument --cuda-graph-backend-prefill: tc_piecewise was removed; select breakable, full, or disabled",
+        ),
+    ],
+)
+def test_cli_refuses_what_the_release_refuses(sim, version, args, error):
+    sim.write_config({"sglang_version": version})
+    res = _launch(sim, "--model-path", "m", *args)
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert err[-1] == f"sglang serve: error: {error}"
+    assert any(line.startswith("usage: sglang serve [-h] ") for line in err)
 
 
 @pytest.mark.parametrize(("version", "prog"), [("0.5.9", "launch_server.py"), ("0.5.23", "sglang serve")])

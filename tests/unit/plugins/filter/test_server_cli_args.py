@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_cli_args as cli_filter
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_instances as instances_filter
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 
@@ -54,7 +56,9 @@ def test_server_cli_args_raises_a_filter_error_with_every_problem() -> None:
 
 
 def test_server_cli_args_rejects_an_unknown_version() -> None:
-    with pytest.raises(AnsibleFilterError, match=r"supported: 0\.5\.9, 0\.5\.14, 0\.5\.18, 0\.5\.23"):
+    supported = ", ".join(load_table().versions)
+    assert supported == "0.5.9, 0.5.14, 0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23"
+    with pytest.raises(AnsibleFilterError, match=re.escape(f"supported: {supported}")):
         cli_filter.server_cli_args({}, "0.6.0")
 
 

@@ -20,7 +20,8 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args impo
     validate_args,
 )
 
-VERSIONS = ("0.5.9", "0.5.14", "0.5.18", "0.5.23")
+VERSIONS = ("0.5.9", "0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+NEW = ("0.5.19", "0.5.20", "0.5.21", "0.5.22")
 
 
 def problems_of(exc: pytest.ExceptionInfo[ServerArgsError]) -> list[str]:
@@ -35,29 +36,20 @@ RENAMES: list[tuple[dict[str, Any], dict[str, list[str]]]] = [
     (
         {"mamba_scheduler_strategy": "no_buffer"},
         {
-            "0.5.9": ["--mamba-scheduler-strategy", "no_buffer"],
-            "0.5.14": ["--mamba-radix-cache-strategy", "no_buffer"],
-            "0.5.18": ["--mamba-radix-cache-strategy", "no_buffer"],
-            "0.5.23": ["--mamba-radix-cache-strategy", "no_buffer"],
+            v: ["--mamba-scheduler-strategy" if v == "0.5.9" else "--mamba-radix-cache-strategy", "no_buffer"]
+            for v in VERSIONS
         },
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer"},
         {
-            "0.5.9": ["--mamba-scheduler-strategy", "extra_buffer"],
-            "0.5.14": ["--mamba-radix-cache-strategy", "extra_buffer"],
-            "0.5.18": ["--mamba-radix-cache-strategy", "extra_buffer"],
-            "0.5.23": ["--mamba-radix-cache-strategy", "extra_buffer"],
+            v: ["--mamba-scheduler-strategy" if v == "0.5.9" else "--mamba-radix-cache-strategy", "extra_buffer"]
+            for v in VERSIONS
         },
     ),
     (
         {"cuda_graph_max_bs": 16},
-        {
-            "0.5.9": ["--cuda-graph-max-bs", "16"],
-            "0.5.14": ["--cuda-graph-max-bs-decode", "16"],
-            "0.5.18": ["--cuda-graph-max-bs-decode", "16"],
-            "0.5.23": ["--cuda-graph-max-bs-decode", "16"],
-        },
+        {v: ["--cuda-graph-max-bs" if v == "0.5.9" else "--cuda-graph-max-bs-decode", "16"] for v in VERSIONS},
     ),
     (
         {"cuda_graph_max_bs_decode": 16},
@@ -156,36 +148,34 @@ REMOVED: list[tuple[dict[str, Any], dict[str, list[str] | str]]] = [
         {"enable_piecewise_cuda_graph": True},
         {
             "0.5.9": ["--enable-piecewise-cuda-graph"],
-            "0.5.14": "piecewise CUDA graph is the default since SGLang 0.5.10",
-            "0.5.18": "piecewise CUDA graph is the default since SGLang 0.5.10",
-            "0.5.23": "piecewise CUDA graph is the default since SGLang 0.5.10",
+            **{v: "piecewise CUDA graph is the default since SGLang 0.5.10" for v in VERSIONS[1:]},
         },
     ),
     (
         {"disable_piecewise_cuda_graph": True},
         {
             "0.5.9": "before 0.5.10 piecewise CUDA graph only runs when enable_piecewise_cuda_graph is set",
-            "0.5.14": ["--cuda-graph-backend-prefill", "disabled"],
-            "0.5.18": ["--cuda-graph-backend-prefill", "disabled"],
-            "0.5.23": ["--cuda-graph-backend-prefill", "disabled"],
+            **{v: ["--cuda-graph-backend-prefill", "disabled"] for v in VERSIONS[1:]},
         },
     ),
     (
         {"enforce_piecewise_cuda_graph": True},
         {
             "0.5.9": "before 0.5.10 use enable_piecewise_cuda_graph",
-            "0.5.14": ["--cuda-graph-backend-prefill", "tc_piecewise"],
-            "0.5.18": ["--cuda-graph-backend-prefill", "tc_piecewise"],
-            "0.5.23": "'tc_piecewise' is not a valid choice for --cuda-graph-backend-prefill on SGLang 0.5.23",
+            **{v: ["--cuda-graph-backend-prefill", "tc_piecewise"] for v in ("0.5.14", "0.5.18", "0.5.19")},
+            # Removed in 0.5.20, but its replacement still works until 0.5.22 refuses tc_piecewise.
+            "0.5.20": ["--cuda-graph-backend-prefill", "tc_piecewise"],
+            "0.5.21": ["--cuda-graph-backend-prefill", "tc_piecewise"],
+            "0.5.22": "'tc_piecewise' is refused by --cuda-graph-backend-prefill on SGLang 0.5.22, whose parser "
+            "answers 'tc_piecewise was removed; select breakable, full, or disabled'",
+            "0.5.23": "'tc_piecewise' is refused by --cuda-graph-backend-prefill on SGLang 0.5.23",
         },
     ),
     (
         {"enable_breakable_cuda_graph": True},
         {
             "0.5.9": "not available there either",
-            "0.5.14": ["--cuda-graph-backend-prefill", "breakable"],
-            "0.5.18": ["--cuda-graph-backend-prefill", "breakable"],
-            "0.5.23": ["--cuda-graph-backend-prefill", "breakable"],
+            **{v: ["--cuda-graph-backend-prefill", "breakable"] for v in VERSIONS[1:]},
         },
     ),
     (
@@ -194,7 +184,7 @@ REMOVED: list[tuple[dict[str, Any], dict[str, list[str] | str]]] = [
             "0.5.9": ["--disable-cuda-graph"],
             **{
                 v: ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-                for v in ("0.5.14", "0.5.18", "0.5.23")
+                for v in VERSIONS[1:]
             },
         },
     ),
@@ -202,36 +192,31 @@ REMOVED: list[tuple[dict[str, Any], dict[str, list[str] | str]]] = [
         {"piecewise_cuda_graph_compiler": "eager"},
         {
             "0.5.9": ["--piecewise-cuda-graph-compiler", "eager"],
-            "0.5.14": ["--cuda-graph-tc-compiler", "eager"],
-            "0.5.18": ["--cuda-graph-tc-compiler", "eager"],
-            "0.5.23": "it was removed after SGLang 0.5.18",
+            **{v: ["--cuda-graph-tc-compiler", "eager"] for v in ("0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21")},
+            "0.5.22": "it was removed after SGLang 0.5.21",
+            "0.5.23": "it was removed after SGLang 0.5.21",
         },
     ),
     (
         {"enable_prefill_context_parallel": True},
         {
             "0.5.9": "it is only accepted from SGLang 0.5.14 on",
-            "0.5.14": ["--enable-prefill-cp"],
-            "0.5.18": ["--enable-prefill-cp"],
-            "0.5.23": ["--enable-prefill-cp"],
+            **{v: ["--enable-prefill-cp"] for v in VERSIONS[1:]},
         },
     ),
     (
         {"dsa_prefill_cp_mode": "in-seq-split"},
         {
             "0.5.9": ["--nsa-prefill-cp-mode", "in-seq-split"],
-            "0.5.14": "set cp_strategy instead",
-            "0.5.18": "set cp_strategy instead",
-            "0.5.23": "its replacement is cp_strategy",
+            **{v: "set cp_strategy instead" for v in ("0.5.14", "0.5.18", "0.5.19")},
+            **{v: "its replacement is cp_strategy" for v in ("0.5.20", "0.5.21", "0.5.22", "0.5.23")},
         },
     ),
     (
         {"hybrid_kvcache_ratio": True},
         {
             "0.5.9": "its parser rejects it",
-            "0.5.14": "it was removed after SGLang 0.5.9",
-            "0.5.18": "it was removed after SGLang 0.5.9",
-            "0.5.23": "it was removed after SGLang 0.5.9",
+            **{v: "it was removed after SGLang 0.5.9" for v in VERSIONS[1:]},
         },
     ),
 ]
@@ -383,8 +368,9 @@ def test_numeric_strings_are_read_as_numbers() -> None:
 
 
 def test_unknown_version_lists_the_supported_ones() -> None:
-    with pytest.raises(ServerArgsError, match=r"supported: 0\.5\.9, 0\.5\.14, 0\.5\.18, 0\.5\.23"):
+    with pytest.raises(ServerArgsError) as exc:
         render_cli_args({}, "0.5.11")
+    assert str(exc.value).endswith(f"supported: {', '.join(VERSIONS)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -470,11 +456,15 @@ def test_human_readable_string_on_an_int_flag_of_0_5_9() -> None:
             "0.5.9",
             "'extra_buffer_lazy' is not a valid choice for --mamba-scheduler-strategy on SGLang 0.5.9; "
             "choose one of: auto, no_buffer, extra_buffer ('extra_buffer_lazy' is accepted by SGLang 0.5.14, 0.5.18, "
-            "0.5.23)",
+            "0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23)",
         ),
-        ({"kv_cache_dtype": "fp4_e2m1"}, "0.5.23", "'fp4_e2m1' is accepted by SGLang 0.5.9, 0.5.14, 0.5.18"),
+        (
+            {"kv_cache_dtype": "fp4_e2m1"},
+            "0.5.23",
+            "'fp4_e2m1' is accepted by SGLang 0.5.9, 0.5.14, 0.5.18, 0.5.19, 0.5.20)",
+        ),
         ({"attention_backend": "cutlass_mla"}, "0.5.23", "not a valid choice for --attention-backend on SGLang 0.5.23"),
-        ({"schedule_policy": "hrrn"}, "0.5.18", "'hrrn' is accepted by SGLang 0.5.23"),
+        ({"schedule_policy": "hrrn"}, "0.5.18", "'hrrn' is accepted by SGLang 0.5.20, 0.5.21, 0.5.22, 0.5.23)"),
         ({"speculative_algorithm": "MEDUSA"}, "0.5.9", "choose one of: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM"),
         ({"lora_target_modules": ["q_proj", "qkvr"]}, "0.5.9", "'qkvr' is not a valid choice"),
         ({"log_requests_level": 7}, "0.5.23", "choose one of: 0, 1, 2, 3"),
@@ -938,7 +928,8 @@ def test_version_is_required_and_must_be_supported() -> None:
     assert any("sglang_server_version is required" in p for p in problems)
     problems = failure(host(sglang_server_version="0.5.11"))
     assert problems == [
-        "host node1: sglang_server_version '0.5.11' is not supported; supported: 0.5.9, 0.5.14, 0.5.18, 0.5.23. "
+        "host node1: sglang_server_version '0.5.11' is not supported; supported: 0.5.9, 0.5.14, 0.5.18, 0.5.19, "
+        "0.5.20, 0.5.21, 0.5.22, 0.5.23. "
         "For a release in between, set sglang_server_flag_table_version to the nearest supported version and its "
         "flag table is used"
     ]
@@ -949,15 +940,172 @@ def test_flag_table_escape_hatch_warns() -> None:
     instances = resolve_instances(
         "node1",
         host(
-            sglang_server_version="0.5.20",
-            sglang_server_flag_table_version="0.5.18",
+            sglang_server_version="0.5.16",
+            sglang_server_flag_table_version="0.5.14",
             sglang_server_args={"cuda_graph_max_bs": 8},
         ),
     )
     first = instances[0]
-    assert (first["version"], first["flag_table"]) == ("0.5.20", "0.5.18")
+    assert (first["version"], first["flag_table"]) == ("0.5.16", "0.5.14")
     assert "--cuda-graph-max-bs-decode" in first["argv"]
-    assert first["warnings"][0].startswith("host node1: SGLang 0.5.20 is checked against the flag table of 0.5.18")
+    assert first["warnings"][0].startswith("host node1: SGLang 0.5.16 is checked against the flag table of 0.5.14")
+
+
+@pytest.mark.parametrize("version", NEW)
+def test_0_5_19_to_0_5_22_need_no_flag_table_override(version: str) -> None:
+    instances = resolve_instances(
+        "node1", host(sglang_server_version=version, sglang_server_args={"max_running_requests": 8})
+    )
+    assert [(i["version"], i["flag_table"], i["warnings"]) for i in instances] == [(version, version, [])] * 2
+
+
+@pytest.mark.parametrize(
+    "version", ["0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.15", "0.5.16", "0.5.17", "0.5.24", "0.6.0"]
+)
+def test_releases_without_a_dump_are_refused_unless_a_table_is_named(version: str) -> None:
+    problems = failure(host(sglang_server_version=version))
+    assert problems == [
+        f"host node1: sglang_server_version '{version}' is not supported; supported: {', '.join(VERSIONS)}. "
+        "For a release in between, set sglang_server_flag_table_version to the nearest supported version and its "
+        "flag table is used"
+    ]
+    instances = resolve_instances(
+        "node1", host(sglang_server_version=version, sglang_server_flag_table_version="0.5.22")
+    )
+    assert instances[0]["flag_table"] == "0.5.22"
+    assert instances[0]["warnings"][0].startswith(
+        f"host node1: SGLang {version} is checked against the flag table of 0.5.22"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# 0.5.19-0.5.22: what each release's parser accepts and refuses (its own argparse dump).
+# (setting, value, the supported releases that accept it, how the others refuse it), from the dumps.
+CHOICES_BY_RELEASE: list[tuple[str, str, tuple[str, ...], str]] = [
+    (
+        "attention_backend",
+        "cutlass_mla",
+        ("0.5.9", "0.5.14", "0.5.18", "0.5.19"),
+        "is not a valid choice for --attention-backend",
+    ),
+    (
+        "attention_backend",
+        "dual_chunk_flash_attn",
+        ("0.5.9", "0.5.14", "0.5.18", "0.5.19"),
+        "is not a valid choice for --attention-backend",
+    ),
+    (
+        "kv_cache_dtype",
+        "fp4_e2m1",
+        ("0.5.9", "0.5.14", "0.5.18", "0.5.19", "0.5.20"),
+        "is not a valid choice for --kv-cache-dtype",
+    ),
+    (
+        "schedule_policy",
+        "hrrn",
+        ("0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+        "is not a valid choice for --schedule-policy",
+    ),
+    (
+        "schedule_policy",
+        "shortest-prefill-first",
+        ("0.5.21", "0.5.22", "0.5.23"),
+        "is not a valid choice for --schedule-policy",
+    ),
+    (
+        "cuda_graph_backend_prefill",
+        "tc_piecewise",
+        ("0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21"),
+        "is refused by --cuda-graph-backend-prefill",
+    ),
+    (
+        "cuda_graph_backend_decode",
+        "tc_piecewise",
+        ("0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21"),
+        "is refused by --cuda-graph-backend-decode",
+    ),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS[1:])
+@pytest.mark.parametrize(("setting", "value", "accepted", "refusal"), CHOICES_BY_RELEASE)
+def test_values_are_accepted_exactly_by_the_releases_that_accept_them(
+    setting: str, value: str, accepted: tuple[str, ...], refusal: str, version: str
+) -> None:
+    opt = "--" + setting.replace("_", "-")
+    if version in accepted:
+        assert render_cli_args({setting: value}, version) == [opt, value]
+        return
+    with pytest.raises(ServerArgsError) as exc:
+        validate_args({setting: value}, version, where="sglang_server_args")
+    (problem,) = problems_of(exc)
+    assert problem.startswith(f"sglang_server_args.{setting}: {value!r} {refusal} on SGLang {version}")
+    assert problem.endswith(f"({value!r} is accepted by SGLang {', '.join(accepted)})")
+
+
+def test_tc_piecewise_refusal_quotes_the_converter_and_lists_the_choices() -> None:
+    problems = failure(
+        host(sglang_server_version="0.5.22", sglang_server_host_args={"cuda_graph_backend_prefill": "tc_piecewise"})
+    )
+    assert problems == [
+        "host node1: sglang_server_host_args.cuda_graph_backend_prefill: 'tc_piecewise' is refused by "
+        "--cuda-graph-backend-prefill on SGLang 0.5.22, whose parser answers 'tc_piecewise was removed; select "
+        "breakable, full, or disabled'; choose one of: full, breakable, disabled ('tc_piecewise' is accepted by "
+        "SGLang 0.5.14, 0.5.18, 0.5.19, 0.5.20, 0.5.21)"
+    ]
+
+
+@pytest.mark.parametrize("version", NEW)
+@pytest.mark.parametrize(
+    ("key", "value", "replacement"),
+    [
+        ("disable_piecewise_cuda_graph", True, "cuda_graph_backend_prefill: disabled"),
+        ("enforce_piecewise_cuda_graph", True, "cuda_graph_backend_prefill: tc_piecewise"),
+    ],
+)
+def test_piecewise_switches_removed_in_0_5_20_name_their_replacement(
+    key: str, value: Any, replacement: str, version: str
+) -> None:
+    if key == "enforce_piecewise_cuda_graph" and version == "0.5.22":
+        with pytest.raises(ServerArgsError) as exc:
+            validate_args({key: value}, version, where="sglang_server_args")
+        (problem,) = problems_of(exc)
+        assert problem.startswith(
+            f"sglang_server_args.{key}: '{key}' is not accepted by SGLang 0.5.22 (it was removed after SGLang "
+            f"0.5.19) and its replacement {replacement} cannot be used there: 'tc_piecewise' is refused"
+        )
+        return
+    _args, warnings = validate_args({key: value}, version, where="sglang_server_args")
+    state = (
+        f"is deprecated in SGLang {version}"
+        if version == "0.5.19"
+        else (f"is not accepted by SGLang {version} (it was removed after SGLang 0.5.19)")
+    )
+    assert warnings == [
+        f"sglang_server_args.{key}: '{key}' {state}; passing {replacement} instead (set that in place of the old "
+        "key to silence this warning)"
+    ]
+
+
+@pytest.mark.parametrize("version", NEW)
+def test_renamed_flags_never_use_a_spelling_the_release_refuses_or_deprecates(version: str) -> None:
+    """From 0.5.20 --mamba-scheduler-strategy is unrecognised and --cuda-graph-max-bs ambiguous; on
+    0.5.19 both are deprecated aliases. Each is written in its current spelling, silently."""
+    args = {"mamba_scheduler_strategy": "extra_buffer", "cuda_graph_max_bs": 8}
+    assert render_cli_args(args, version) == [
+        "--cuda-graph-max-bs-decode",
+        "8",
+        "--mamba-radix-cache-strategy",
+        "extra_buffer",
+    ]
+    assert validate_args(args, version) == (
+        {"cuda_graph_max_bs_decode": 8, "mamba_radix_cache_strategy": "extra_buffer"},
+        [],
+    )
+    assert expected_server_info(args, version) == {
+        "cuda_graph_max_bs_decode": 8,
+        "mamba_radix_cache_strategy": "extra_buffer",
+    }
 
 
 def test_fingerprint_changes_with_argv_env_and_version_only() -> None:

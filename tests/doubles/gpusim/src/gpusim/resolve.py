@@ -85,13 +85,13 @@ def device_memory_capacity(cfg: Config, version: Version, res: Resolved) -> floa
     rc, out, err = nvsmi.run_capture(["--query-gpu=memory.total", "--format=csv,noheader,nounits"], cfg)
     host_broken = cfg.nvsmi["mode"] in ("driver_not_loaded", "library_mismatch")
     if rc != 0:
-        if version.family < 14:
+        if not version.at_least(14):
             raise ResolveError("RuntimeError", f"nvidia-smi error: {err.strip()}")
         reason = f"nvidia-smi failed (exit code {rc}: {err.strip()})."
         return _cuda_fallback(cfg, version, res, reason, host_broken)
     values = [float(x) for x in out.strip().split("\n") if re.match(r"^\d+(\.\d+)?$", x.strip())]
     if not values:
-        if version.family < 14:
+        if not version.at_least(14):
             if host_broken:
                 raise ResolveError("ValueError", "No GPU memory values found.")
             res.warn("Failed to get GPU memory capacity from nvidia-smi, falling back to torch.cuda.mem_get_info().")
@@ -157,7 +157,7 @@ def _gpu_tier(gpu_mem: float, tp: int, version: Version) -> tuple[int, int]:
 def resolve(raw: dict[str, Any], version: Version, cfg: Config, profile: ModelProfile) -> Resolved:
     a = dict(raw)
     res = Resolved(args=a)
-    v9 = version.family < 14
+    v9 = not version.at_least(14)
 
     if a.get("served_model_name") is None:
         a["served_model_name"] = a["model_path"]
@@ -339,9 +339,10 @@ def resolve(raw: dict[str, Any], version: Version, cfg: Config, profile: ModelPr
 
 def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: ModelProfile) -> None:
     arch = profile.architectures[0]
+    # The parser's dest: 0.5.9's table stores the strategy under its old name.
     key = "mamba_scheduler_strategy" if version.family < 14 else "mamba_radix_cache_strategy"
     strategy = a.get(key) or "auto"
-    if version.family < 14:
+    if not version.at_least(14):
         if strategy == "auto":
             strategy = "no_buffer"
         if strategy == "no_buffer" and not a.get("disable_radix_cache"):
@@ -373,7 +374,7 @@ def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: 
         res.mamba_ratio = 1
         return
     base = 3
-    if version.family >= 18 and os.environ.get("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "").lower() in ("1", "true"):
+    if version.at_least(18) and os.environ.get("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "").lower() in ("1", "true"):
         base = 2 if strategy != "no_buffer" else 3
     extra = 0
     if strategy == "extra_buffer":

@@ -1,20 +1,38 @@
 """SGLang versions the simulator mimics, and where behaviour changed.
 
-Only four versions were captured in full (their argparse dumps ship in ``flags/``).
-A version in between uses the flag table of the nearest lower captured version;
-behaviour changes whose release the reference dates precisely switch at that release.
+The releases whose argparse dumps ship in ``flags/`` (``<version>.json``) are the captured
+ones; each gets its own parser. A version in between uses the flag table of the nearest lower
+captured release. Behaviour switches are dated by the release that brought the change
+(``at_least``), independently of which flag table applies.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
 
-KNOWN_VERSIONS: tuple[tuple[int, int, int], ...] = ((0, 5, 9), (0, 5, 14), (0, 5, 18), (0, 5, 23))
+_VERSION_TEXT = re.compile(r"\s*v?(\d+)\.(\d+)\.(\d+)(?:\S*)\s*")
+_DUMP_NAME = re.compile(r"(\d+)\.(\d+)\.(\d+)\.json")
+
+
+def _captured_versions() -> tuple[tuple[int, int, int], ...]:
+    """Releases with an argparse dump in ``flags/``, oldest first."""
+    found = []
+    for entry in resources.files("gpusim").joinpath("flags").iterdir():
+        m = _DUMP_NAME.fullmatch(entry.name)
+        if m:
+            found.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    if not found:
+        raise RuntimeError("gpusim/flags holds no <version>.json argparse dump")
+    return tuple(sorted(found))
+
+
+KNOWN_VERSIONS: tuple[tuple[int, int, int], ...] = _captured_versions()
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    m = re.fullmatch(r"\s*v?(\d+)\.(\d+)\.(\d+)(?:\S*)\s*", str(text))
+    m = _VERSION_TEXT.fullmatch(str(text))
     if not m:
         raise ValueError(f"unparsable sglang version: {text!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
@@ -51,7 +69,10 @@ class Version:
 
     @property
     def family(self) -> int:
-        """Nearest lower captured patch level: 9, 14, 18 or 23."""
+        """Patch level of the captured release whose flag table this version uses (see KNOWN_VERSIONS).
+
+        It says which parser applies; a behaviour change is dated with ``at_least`` instead.
+        """
         return int(self.flags_table.rsplit(".", 1)[1])
 
     # --- entrypoint -------------------------------------------------------
@@ -78,12 +99,17 @@ class Version:
         return self.at_least(19)
 
     @property
+    def kill_tree_wait_timeout(self) -> int | None:
+        """kill_process_tree waits this long (s) for its kills to be reaped: 60 from 0.5.19, never before."""
+        return 60 if self.at_least(19) else None
+
+    @property
     def straggler_warning(self) -> bool:
         return self.at_least(20)
 
     @property
     def kill_tree_log(self) -> bool:
-        return self.family >= 23
+        return self.at_least(23)
 
     @property
     def ready_endpoint(self) -> bool:
@@ -93,7 +119,7 @@ class Version:
     @property
     def mem_v14(self) -> bool:
         """Prefill-graph reserve replaces the spec-decoding reserve (v14 formula)."""
-        return self.family >= 14
+        return self.at_least(14)
 
     @property
     def small_gpu_v20(self) -> bool:
@@ -110,11 +136,13 @@ class Version:
     @property
     def mamba_family(self) -> int:
         """9: v9 sizing; 14: v14 sizing; 18: +1 padding slot and joint spec solve."""
-        return 9 if self.family < 14 else (14 if self.family < 18 else 18)
+        if not self.at_least(14):
+            return 9
+        return 14 if not self.at_least(18) else 18
 
     @property
     def mamba_cap_warning(self) -> bool:
-        return self.family >= 18
+        return self.at_least(18)
 
     # --- log layout ---------------------------------------------------------
     @property
@@ -134,11 +162,11 @@ class Version:
 
     @property
     def kv_line_has_dtype(self) -> bool:
-        return self.family >= 14
+        return self.at_least(14)
 
     @property
     def load_weight_has_dtype(self) -> bool:
-        return self.family < 23
+        return not self.at_least(23)
 
     # --- HTTP surface -------------------------------------------------------
     @property
@@ -147,32 +175,32 @@ class Version:
 
     @property
     def meta_reasoning_tokens(self) -> bool:
-        return self.family >= 14
+        return self.at_least(14)
 
     @property
     def model_info_v18(self) -> bool:
-        return self.family >= 18
+        return self.at_least(18)
 
     @property
     def server_info_startup_time(self) -> bool:
-        return self.family >= 18
+        return self.at_least(18)
 
     @property
     def memory_usage_v18(self) -> bool:
-        return self.family >= 18
+        return self.at_least(18)
 
     @property
     def tokenizer_metric_engine_type(self) -> bool:
-        return self.family >= 14
+        return self.at_least(14)
 
     @property
     def metric_is_streaming(self) -> bool:
-        return self.family >= 18
+        return self.at_least(18)
 
     @property
     def metrics_startup_constants(self) -> bool:
-        return self.family >= 14
+        return self.at_least(14)
 
     @property
     def flush_cache_v23(self) -> bool:
-        return self.family >= 23
+        return self.at_least(23)
