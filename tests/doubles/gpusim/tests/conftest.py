@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 sys.path.insert(0, str(SRC))
 
-from gpusim import procutil, registry  # noqa: E402  (importable only after the path insert)
+from gpusim import driver, procutil, registry  # noqa: E402  (importable only after the path insert)
 
 # MTP speculative decoding as the example inventory's B200 hosts run it.
 SPEC = [
@@ -46,6 +46,7 @@ FAST = {
     "timing": {
         "startup_s": 0.6,
         "release_delay_s": 1.0,
+        "teardown_s": 0.0,
         "heartbeat_s": 0.1,
         "drain_poll_s": 0.3,
         "warmup_poll_s": 0.1,
@@ -185,7 +186,7 @@ class Sim:
             )
             shim.chmod(0o755)
         self.write_config({})
-        self.gpusim("setup")
+        self.gpusim("setup", "--driver", "none")
 
     @property
     def env(self) -> dict[str, str]:
@@ -220,6 +221,13 @@ class Sim:
         res = self.run(str(self.bin / "gpusim"), *args)
         assert res.returncode == 0, res.stderr
         return res
+
+    def start_driver(self) -> dict[str, Any]:
+        """The per-host teardown tracer, as a daemon for this test's state dir."""
+        res = self.gpusim("setup", "--driver", "fork")
+        drv = json.loads(res.stdout)["driver"]
+        assert drv["running"], drv
+        return drv
 
     def memory_used(self) -> list[int]:
         res = self.nvsmi("--query-gpu=memory.used", "--format=csv,noheader,nounits")
@@ -262,6 +270,8 @@ class Sim:
             if h.alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(h.alloc.pid, signal.SIGKILL)
+        # Stopping the tracer makes the kernel release whatever it still holds in teardown.
+        driver.stop(self.state)
 
 
 @pytest.fixture

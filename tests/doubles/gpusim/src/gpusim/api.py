@@ -236,15 +236,25 @@ class Api:
                 out[k] = val
         return out
 
-    async def server_info(self, req: Request) -> Response:
+    async def _server_info(self) -> Response:
+        hang = self.L.fault("server_info_hang")
+        if hang is not None:
+            after = hang.params.get("answer_after_s")
+            if after is None:
+                await asyncio.Event().wait()  # accepted, never answered
+            await asyncio.sleep(float(after))
+        await self.L.ask_schedulers()
         return Response.json(self.server_info_dict())
+
+    async def server_info(self, req: Request) -> Response:
+        return await self._server_info()
 
     async def get_server_info(self, req: Request) -> Response:
         self.L.log.warning(
             "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
             "Please use '/server_info' instead."
         )
-        return Response.json(self.server_info_dict())
+        return await self._server_info()
 
     async def models(self, req: Request) -> Response:
         served = self.L.args["served_model_name"]

@@ -30,6 +30,7 @@ FAULT_KINDS = (
     "generation_hang",
     "port_taken",
     "settings_mismatch",
+    "server_info_hang",
 )
 
 NVSMI_MODES = ("ok", "driver_not_loaded", "library_mismatch", "garbled")
@@ -59,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "timing": {
         "startup_s": 3.0,
         "release_delay_s": 3.0,
+        "teardown_s": 2.0,
         "heartbeat_s": 0.2,
         "drain_poll_s": 5.0,
         "warmup_poll_s": 1.0,

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from gpusim import cli_parser, procutil, resolve
+from gpusim import cli_parser, driver, procutil, resolve
 from gpusim.channel import Channel
 from gpusim.config import Config, ConfigError
 from gpusim.engine import Replica, ReplicaConfig, Tokenizer
@@ -49,6 +49,12 @@ class SchedulerProc:
         self.detached = False
         self.info: dict[str, Any] | None = None
         self.pid: int | None = None
+        self.dead = False
+
+
+def _frozen(pid: int) -> bool:
+    """Stopped: held in teardown by the driver (``t``) or by SIGSTOP (``T``)."""
+    return procutil.state(pid) in ("t", "T")
 
 
 def _title_suffix(dp_rank: int | None, tp_rank: int, tp_size: int) -> str:
@@ -99,6 +105,9 @@ class Launcher:
         self.port = 30000
         self.host = "127.0.0.1"
         self.bg_tasks: set[asyncio.Task] = set()
+        self.detok_dead = False
+        self.state_req_id = 0
+        self.state_waiters: dict[int, asyncio.Future] = {}
 
     # ------------------------------------------------------------------ helpers
     def fault(self, kind: str):
@@ -209,7 +218,7 @@ class Launcher:
             cfd = ctrl_b.detach()
             self.dp_ctrl = spawn("dp_controller", cfd, fds)
             os.close(cfd)
-            Channel(ctrl_a).send({"schedulers": [{"fd": s.child_fd} for s in self.schedulers]})
+            Channel(ctrl_a).send({"schedulers": [{"fd": s.child_fd} for s in self.schedulers], **self._teardown_spec()})
             self._keep_ctrl = ctrl_a
         else:
             for s in self.schedulers:
@@ -221,12 +230,15 @@ class Launcher:
         dfd = det_b.detach()
         self.detok = spawn("detokenizer", dfd)
         os.close(dfd)
-        Channel(det_a).send({})
+        Channel(det_a).send(self._teardown_spec())
         self._keep_detok = det_a
         self._wait_for_ready()
         if self.version.subprocess_watchdog:
             self.watchdog_thread = threading.Thread(target=self._watchdog, daemon=True, name="subprocess-watchdog")
             self.watchdog_thread.start()
+
+    def _teardown_spec(self) -> dict[str, Any]:
+        return {"teardown_s": self.timing("teardown_s"), "state_dir": str(self.cfg.state_dir())}
 
     def _spawn_tracker(self) -> None:
         r, w = os.pipe()
@@ -288,6 +300,7 @@ class Launcher:
             "heartbeat_s": self.timing("heartbeat_s"),
             "shutdown_s": self.timing("scheduler_shutdown_s"),
             "release_delay_s": self.timing("release_delay_s"),
+            "teardown_s": self.timing("teardown_s"),
             "state_dir": str(self.cfg.state_dir()),
             "devices_dir": str(self.cfg.devices_dir),
             "port": self.port,
@@ -487,22 +500,56 @@ class Launcher:
         return r
 
     async def _monitor_children(self) -> None:
-        """A scheduler or detokenizer that dies after startup stops all output (v9's "zombie service")."""
+        """A scheduler or detokenizer that dies after startup stops all output (v9's "zombie
+        service"); one that is stopped (held in teardown, or SIGSTOPped) produces nothing while it is."""
+        loop = asyncio.get_running_loop()
+        for s in self.schedulers:
+            if s.chan is not None and not s.chan.closed:
+                loop.add_reader(s.chan.fileno(), self._on_channel, s)
         while True:
             await asyncio.sleep(0.2)
             if self.detok is not None and self.detok.poll() is not None:
-                for r in self.replicas:
-                    r.halted = True
-            for s in self.schedulers:
-                if s.chan is None or s.chan.closed:
-                    continue
-                msg = s.chan.recv(timeout=0)
-                while msg is not None:
-                    msg = s.chan.recv(timeout=0)
-                if s.chan.closed:
-                    for r in self.replicas:
-                        if (s.dp_rank or 0) == (r.cfg.dp_rank or 0):
-                            r.halted = True
+                self.detok_dead = True
+            detok_frozen = self.detok is not None and _frozen(self.detok.pid)
+            for r in self.replicas:
+                rank = r.cfg.dp_rank or 0
+                mine = [s for s in self.schedulers if (s.dp_rank or 0) == rank]
+                gone = any(s.dead or (s.pid is not None and _frozen(s.pid)) for s in mine)
+                r.halted = self.detok_dead or detok_frozen or gone
+
+    def _on_channel(self, s: SchedulerProc) -> None:
+        assert s.chan is not None and self.loop is not None
+        msg = s.chan.recv(timeout=0)
+        while msg is not None:
+            if msg.get("op") == "internal_state":
+                fut = self.state_waiters.pop(msg.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            msg = s.chan.recv(timeout=0)
+        if s.chan.closed:
+            self.loop.remove_reader(s.chan.fileno())
+            s.dead = True
+
+    async def ask_schedulers(self) -> None:
+        """GetInternalStateReq to every scheduler, awaited without a timeout as SGLang does: a
+        scheduler that is dead, stopped or stuck never answers, so the caller hangs (sglang#4191)."""
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future] = []
+        ids: list[int] = []
+        for s in self.schedulers:
+            fut = loop.create_future()
+            futs.append(fut)
+            if s.chan is None or s.chan.closed or s.dead:
+                continue
+            self.state_req_id += 1
+            ids.append(self.state_req_id)
+            self.state_waiters[self.state_req_id] = fut
+            s.chan.send({"op": "get_internal_state", "id": self.state_req_id})
+        try:
+            await asyncio.gather(*futs)
+        finally:
+            for i in ids:
+                self.state_waiters.pop(i, None)
 
     # ------------------------------------------------------------------ warmup
     def _http(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
@@ -699,6 +746,8 @@ def main(argv: list[str] | None = None, cfg: Config | None = None) -> int:
             sys.stderr.write(f"gpusim: configuration error: {exc}\n")
             return 1
     _raise_nofile_limit()
+    # Killed, this process stays in teardown (its port still bound) until the driver lets it go.
+    driver.register(cfg.state_dir(), float(cfg.timing["teardown_s"]))
     launcher = Launcher(cfg, cfg.version, argv)
     code = 1
     try:
@@ -711,7 +760,7 @@ def main(argv: list[str] | None = None, cfg: Config | None = None) -> int:
         code = asyncio.run(launcher.serve())
     except _Crash as exc:
         launcher.stop_watchdog()
-        launcher.kill_tree(include_parent=False, wait_timeout=60 if cfg.version.at_least(19) else None)
+        launcher.kill_tree(include_parent=False, wait_timeout=cfg.version.kill_tree_wait_timeout)
         _print_crash(exc)
         return 1
     except KeyboardInterrupt:
@@ -722,5 +771,5 @@ def main(argv: list[str] | None = None, cfg: Config | None = None) -> int:
         signal.signal(launcher.raise_signal_at_exit, signal.SIG_DFL)
         signal.raise_signal(launcher.raise_signal_at_exit)
     launcher.stop_watchdog()
-    launcher.kill_tree(include_parent=False, wait_timeout=60 if cfg.version.at_least(19) else None)
+    launcher.kill_tree(include_parent=False, wait_timeout=cfg.version.kill_tree_wait_timeout)
     return code

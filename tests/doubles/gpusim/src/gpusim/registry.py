@@ -3,7 +3,8 @@
 Each scheduler owns one JSON file per GPU it holds. The file's mtime is its heartbeat.
 A holder that is gone (or a zombie) keeps counting towards ``memory.used`` until its
 last heartbeat plus the configured release delay, the way a real driver frees a dead
-context's memory seconds after the process exits.
+context's memory seconds after the process exits. A process the driver held in teardown
+gets its heartbeat refreshed when it is let go, so the delay runs from its end.
 """
 
 from __future__ import annotations

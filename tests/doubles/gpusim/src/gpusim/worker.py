@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpusim import memory, proctitle, procutil, registry
+from gpusim import driver, memory, proctitle, procutil, registry
 from gpusim.channel import Channel
 from gpusim.logutil import Logger
 from gpusim.profiles import ModelProfile
@@ -272,6 +272,10 @@ class Scheduler:
                 time.sleep(self.heartbeat_s)
             if self.handle:
                 self.handle.heartbeat()
+            if msg and msg.get("op") == "get_internal_state":
+                # The tokenizer's GetInternalStateReq: answered from the event loop, so a scheduler
+                # that is stopped, stuck or dead never answers (reference 3.2, sglang#4191).
+                self.chan.send({"op": "internal_state", "id": msg.get("id"), "pid": os.getpid()})
             if msg and msg.get("op") == "shutdown" and obey:
                 # ShutdownReq: leave the event loop, release host resources, exit. The driver
                 # frees the GPU memory only after the process is gone.
@@ -297,18 +301,27 @@ def _detach() -> None:
     os.close(w)
 
 
+def _teardown(spec: dict[str, Any], title: str) -> None:
+    """Have the host's driver hold this process in teardown when it is killed (see driver.py)."""
+    if spec.get("state_dir"):
+        driver.register(Path(spec["state_dir"]), float(spec.get("teardown_s") or 0.0), title)
+
+
 def run_scheduler(chan: Channel, spec: dict[str, Any]) -> None:
     if spec.get("detached"):
         _detach()
     else:
         proctitle.set_pdeathsig(signal.SIGKILL)
     proctitle.set_title(spec["title"])
+    # After the detach: the intermediate processes of the double fork exit normally.
+    _teardown(spec, spec["title"])
     Scheduler(chan, spec).run()
 
 
-def run_idle(title: str) -> None:
+def run_idle(title: str, spec: dict[str, Any]) -> None:
     proctitle.set_pdeathsig(signal.SIGKILL)
     proctitle.set_title(title)
+    _teardown(spec, title)
     while True:
         signal.pause()
 
@@ -316,6 +329,7 @@ def run_idle(title: str) -> None:
 def run_dp_controller(chan: Channel, spec: dict[str, Any]) -> None:
     proctitle.set_pdeathsig(signal.SIGKILL)
     proctitle.set_title("sglang::data_parallel_controller")
+    _teardown(spec, "sglang::data_parallel_controller")
     procs = []
     for child in spec["schedulers"]:
         fd = int(child["fd"])
@@ -342,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         if role == "scheduler":
             run_scheduler(chan, spec)
         elif role == "detokenizer":
-            run_idle("sglang::detokenizer")
+            run_idle("sglang::detokenizer", spec)
         elif role == "dp_controller":
             run_dp_controller(chan, spec)
         else:
