@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
 
 DOCUMENTATION = r"""
 name: desired_record
@@ -61,6 +64,14 @@ def place_file(container: Any, path: str, content: str, mode: str = "0644") -> d
     return {"container": container, "path": path, "content": content, "mode": mode}
 
 
+def host_agent_file(path: str) -> dict[str, Any]:
+    """A file entry that installs the host agent's own source at ``path``: the units' start
+    guard imports it there, so that it reads /proc and nvidia-smi exactly as the retune does
+    (the same file the retune runs inside LXC containers)."""
+    # Read from the module's file on the controller (the collection is on disk here).
+    return {"path": path, "content": Path(_agent.__file__).read_text(encoding="utf-8"), "mode": "0644"}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"desired_record": desired_record, "place_file": place_file}
+        return {"desired_record": desired_record, "place_file": place_file, "host_agent_file": host_agent_file}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,36 @@ def test_desired_state_records(host) -> None:
         record = json.loads(host.file(f"/etc/sglang-fleet/instances/{name}.json").content_string)
         assert len(record["fingerprint"]) == 64
         assert record["argv"] == cmdline(host, main_pid(host, name))
+
+
+def test_start_guard_installed_with_the_host_agent_beside_it(host) -> None:
+    libexec = "/usr/local/libexec/sglang-fleet"
+    guard = host.file(f"{libexec}/sglang-fleet-start-guard")
+    assert guard.user == "root"
+    assert guard.mode == 0o755
+    agent = host.file(f"{libexec}/sglang_fleet_agent.py")
+    assert agent.user == "root"
+    assert agent.mode == 0o644
+    # The collection's host agent (byte equality with the source: tests/unit/plugins/filter).
+    repo_agent = (Path(__file__).resolve().parents[3] / "plugins/module_utils/_agent.py").read_text(encoding="utf-8")
+    assert agent.content_string.splitlines()[:3] == repo_agent.splitlines()[:3]
+    assert "def process_table(" in agent.content_string
+    # The guard imports the agent from its own directory and answers its command line.
+    assert "--threshold-mib" in host.check_output(f"/usr/bin/python3 {libexec}/sglang-fleet-start-guard --help")
+    assert not host.file(f"{libexec}/__pycache__").exists
+
+
+@pytest.mark.parametrize(("name", "gpus"), [("gpu0", "0"), ("tp", "2,3")])
+def test_every_start_passed_the_start_guard(host, name: str, gpus: str) -> None:
+    unit = host.file(f"/etc/systemd/system/sglang-{name}.service").content_string
+    guard_lines = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
+    assert guard_lines == [
+        "ExecStartPre=+/usr/bin/python3 /usr/local/libexec/sglang-fleet/sglang-fleet-start-guard "
+        f"--gpus {gpus} --port {INSTANCES[name]} --threshold-mib 1024 --timeout 20 "
+        "--secrets-file /etc/sglang-fleet/secrets.env"
+    ]
+    # 20 s guard deadline + 120 s model load.
+    assert "\nTimeoutStartSec=140\n" in unit
+    invocation = host.check_output(f"systemctl show -p InvocationID --value sglang-{name}.service")
+    journal = host.check_output(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    assert f"start guard: GPU {gpus} and port {INSTANCES[name]} free after" in journal

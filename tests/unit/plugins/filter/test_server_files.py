@@ -1,0 +1,26 @@
+"""The filters that describe the files the server role installs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ansible_collections.sglang_ops.fleet.plugins.filter import server_files
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+
+
+def test_host_agent_file_installs_the_agent_source_unchanged() -> None:
+    entry = server_files.host_agent_file("/usr/local/libexec/sglang-fleet/sglang_fleet_agent.py")
+    assert entry == {
+        "path": "/usr/local/libexec/sglang-fleet/sglang_fleet_agent.py",
+        "content": (REPO_ROOT / "plugins/module_utils/_agent.py").read_text(encoding="utf-8"),
+        "mode": "0644",
+    }
+
+
+def test_filters_are_registered_under_their_names() -> None:
+    assert server_files.FilterModule().filters() == {
+        "desired_record": server_files.desired_record,
+        "place_file": server_files.place_file,
+        "host_agent_file": server_files.host_agent_file,
+    }
