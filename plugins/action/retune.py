@@ -30,6 +30,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "force": {"type": "bool", "default": False},
     "only": {"type": "list", "elements": "str"},
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "nvidia_smi_timeout": {"type": "float", "default": 20.0},
     "devices_dir": {"type": "path", "default": "/dev"},
     "secrets_file": {"type": "path", "default": "/etc/sglang-fleet/secrets.env"},
     "state_dir": {"type": "path", "default": "/var/lib/sglang-fleet"},
@@ -78,6 +79,7 @@ class ActionModule(ActionBase):
             force=args["force"],
             agent={
                 "nvidia_smi": args["nvidia_smi"],
+                "nvidia_smi_timeout": args["nvidia_smi_timeout"],
                 "devices_dir": args["devices_dir"],
                 "secrets_file": args["secrets_file"],
                 "state_dir": args["state_dir"],
@@ -87,6 +89,8 @@ class ActionModule(ActionBase):
             },
         )
         managed = [{"unit": i["unit"], "container": i.get("container")} for i in args["instances"]]
+        # The run's host lock (sglang_ops.fleet.host_lock): every phase that acts proves it ours.
+        lock_run_id = (task_vars.get("sglang_fleet_lock") or {}).get("run_id")
 
         def run_phase(op: str, phase_instances: list[dict[str, Any]], phase_options: dict[str, Any]) -> dict[str, Any]:
             display.vvv(
@@ -100,6 +104,7 @@ class ActionModule(ActionBase):
                     "options": phase_options,
                     "managed_units": managed,
                     "pct": args["pct"],
+                    "lock_run_id": lock_run_id,
                 },
                 task_vars=task_vars,
             )
@@ -114,7 +119,16 @@ class ActionModule(ActionBase):
 
 def _check_args(args: dict[str, Any]) -> list[str]:
     problems = []
-    for key in ("stop_timeout", "kill_timeout", "release_timeout", "start_timeout", "health_timeout", "poll_interval"):
+    for key in (
+        "stop_timeout",
+        "kill_timeout",
+        "release_timeout",
+        "start_timeout",
+        "health_timeout",
+        "poll_interval",
+        "nvidia_smi_timeout",
+        "http_timeout",
+    ):
         if args[key] <= 0:
             problems.append(f"{key} must be > 0")
     if args["wave_size"] < 0:

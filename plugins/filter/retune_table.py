@@ -15,6 +15,8 @@ author: sglang-fleet contributors
 description:
   - One line per instance - host/instance, action, effective max running requests before and
     after, seconds to dead, to GPU memory released and to healthy, and what went wrong if anything.
+  - Under an instance, one line per process killed by PID beyond its unit's own stop (an orphaned
+    scheduler, a manual launch, a straggler) - PID, command line, signals and why.
   - Reads each host's registered C(sglang_retune_result) (the result of M(sglang_ops.fleet.retune)).
 positional: _input, hosts
 options:
@@ -70,6 +72,8 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
             parts += [f"+{k}" if v is True else f"+{k} {v}" for k, v in diff.get("added", {}).items()]
             parts += [f"-{k}" for k in diff.get("removed", {})]
             note = ", ".join(parts)
+        if inst.get("teardown_s"):
+            note = (f"waited {inst['teardown_s']:.1f}s for processes in teardown after SIGKILL; " + note).strip("; ")
         if inst.get("escalated"):
             note = ("SIGKILL after stop deadline; " + note).strip("; ")
         rows.append(
@@ -83,7 +87,26 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
                 note if len(note) <= 160 else note[:157] + "...",
             )
         )
+        rows += [("", "", "", "", "", "", line) for line in killed_lines(inst.get("killed") or [])]
     return rows
+
+
+def killed_lines(killed: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Processes killed by PID beyond the unit's own stop (orphaned schedulers, manual launches,
+    stragglers), one line each: PID, signals, command line and why."""
+    by_pid: dict[Any, dict[str, Any]] = {}
+    for entry in killed:
+        seen = by_pid.setdefault(entry.get("pid"), {"signals": [], **entry})
+        seen["signals"].append(str(entry.get("signal")))
+    lines = []
+    for pid, entry in by_pid.items():
+        cmdline = str(
+            entry.get("cmdline") if isinstance(entry.get("cmdline"), str) else " ".join(entry.get("cmdline") or [])
+        )
+        if len(cmdline) > 100:
+            cmdline = cmdline[:97] + "..."
+        lines.append(f"  killed PID {pid} ({cmdline}) with {', then '.join(entry['signals'])}: {entry.get('reason')}")
+    return lines
 
 
 def retune_table(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> list[str]:

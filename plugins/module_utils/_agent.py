@@ -159,23 +159,44 @@ def read_env_file(path: str) -> dict[str, str]:
 
 
 def run_cmd(argv: list[str], timeout: float = 30.0, input_text: str | None = None) -> tuple[int | None, str, str]:
-    """Run a command; rc None means it timed out, 127 that it was not found."""
+    """Run a command; rc None means it timed out, 127 that it was not found.
+
+    The command runs in a process group of its own: on timeout the whole group is SIGKILLed
+    and reaped, so a hung wrapper (an ``nvidia-smi`` script, a stuck driver call) leaves no
+    children behind, and no grandchild holding our pipes can keep this call waiting."""
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             argv,
-            input=input_text,
-            capture_output=True,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
-            check=False,
+            start_new_session=True,
         )
     except FileNotFoundError as exc:
         return 127, "", str(exc)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        return None, out, err
-    return proc.returncode, proc.stdout, proc.stderr
+    try:
+        out, err = proc.communicate(input_text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        try:
+            # Every holder of the pipes was in the group: EOF comes at once.
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a member that left the group still holds a pipe
+            proc.kill()
+            out, err = "", ""
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+        return None, out or "", err or ""
+    return proc.returncode, out, err
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group we created (its leader's PID is its id)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def systemctl_show(units: list[str]) -> dict[str, dict[str, str]]:
@@ -319,8 +340,11 @@ def listening_sockets() -> dict[int, int]:
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = _read(table).splitlines()[1:]
-        except OSError:
-            continue
+        except OSError as exc:
+            if table == "/proc/net/tcp6" and not os.path.exists(table):
+                continue  # IPv6 disabled: nothing can listen there
+            # An unreadable socket table is not "no listener": fail closed.
+            raise EvidenceError("listening sockets", ["cat", table], 1, "", str(exc)) from None
         for line in lines:
             fields = line.split()
             if len(fields) < 10 or fields[3] != "0A":  # 0A = LISTEN
@@ -584,6 +608,12 @@ def http_request(
     except (urllib.error.URLError, OSError, socket.timeout) as exc:
         reason = getattr(exc, "reason", exc)
         return None, f"{type(exc).__name__}: {reason}"
+
+
+def timed_out(error: str) -> bool:
+    """An ``http_request`` error body that says the server accepted nothing in time or stopped
+    answering (as opposed to refusing the connection at once)."""
+    return "timed out" in error or error.startswith(("TimeoutError", "timeout"))
 
 
 def instance_url(instance: dict[str, Any], path: str) -> str:
@@ -898,6 +928,9 @@ def op_apply(req: dict[str, Any]) -> dict[str, Any]:
             result["started"] = to_start
             result["actions"].append("start " + " ".join(to_start))
             if not check:
+                # A deploy asks for these starts: clear a start-rate limit left by earlier failures
+                # (the unit's start guard still waits for free GPUs and port).
+                systemctl(["reset-failed", *to_start])
                 # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
                 res = systemctl(["start", *to_start], timeout=float(req.get("start_timeout", 3600)))
                 if res["rc"] != 0:
@@ -985,13 +1018,20 @@ def gpu_snapshot(ctx: Context) -> tuple[dict[int, dict[str, Any]] | None, dict[s
 
 def probe_server(ctx: Context, instance: dict[str, Any]) -> dict[str, Any]:
     """/health, then /server_info (with the API key from the secrets file)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"unanswered": []}
     status, body = http_request(instance_url(instance, "/health"), ctx.http_timeout)
     out["health_status"] = status
     if status is None:
         out["health_error"] = body
+        if timed_out(body):
+            out["unanswered"].append(f"/health did not answer within {ctx.http_timeout:.0f}s")
     status, body = http_request(instance_url(instance, "/server_info"), ctx.http_timeout, ctx.api_key)
     out["server_info_status"] = status
+    if status is None and timed_out(body):
+        out["unanswered"].append(
+            f"/server_info did not answer within {ctx.http_timeout:.0f}s "
+            "(it asks every scheduler: one is stuck or gone)"
+        )
     if status == 200:
         try:
             info = json.loads(body)
@@ -1073,12 +1113,55 @@ def op_inspect(req: dict[str, Any]) -> dict[str, Any]:
         return facts
 
     results = _parallel(inspect_one, instances)
+    host_errors = evidence_errors(gpu_error, holder_notes)
+    for inst, facts in zip(instances, results):
+        facts["evidence_errors"] = host_errors + instance_evidence_errors(inst, facts)
     return {
         "instances": {inst["name"]: res for inst, res in zip(instances, results)},
         "gpus": {str(k): v for k, v in (gpus or {}).items()},
         "gpu_error": gpu_error,
         "holder_notes": holder_notes,
     }
+
+
+def evidence_errors(gpu_error: dict[str, Any] | None, holder_notes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The host's sources of evidence that did not answer correctly before anything was
+    touched. The stop, release and start proofs need every one of them: with one broken, an
+    instance stopped now could not be proven dead or its GPU free, and would be left down."""
+    errors = []
+    if gpu_error:
+        errors.append(gpu_error)
+    smi = holder_notes.get("nvidia_smi_error")
+    if smi and smi.get("cmd") not in {e.get("cmd") for e in errors}:
+        errors.append(smi)
+    return errors
+
+
+def instance_evidence_errors(inst: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per instance: nvidia-smi lists its GPUs, and a running instance's main process is in the
+    unit's cgroup and its /proc entry is readable (the stop proof scans both)."""
+    errors: list[dict[str, Any]] = []
+    if facts.get("gpu_missing"):
+        errors.append(
+            {"what": "GPU memory", "msg": f"GPU memory: nvidia-smi does not list GPU(s) {facts['gpu_missing']}"}
+        )
+    pid = int(facts.get("main_pid") or 0)
+    if facts.get("running") and pid > 0:
+        cgroup = facts.get("cgroup") or ""
+        actual = proc_cgroup(pid)
+        if not cgroup or not (actual == cgroup or actual.startswith(cgroup + "/")):
+            errors.append(
+                {
+                    "what": "the unit's cgroup",
+                    "msg": f"the unit's cgroup: systemd names cgroup {cgroup!r} for {inst['unit']} "
+                    f"but its main PID {pid} is in {actual!r}",
+                }
+            )
+        if not os.access(f"/proc/{pid}/fd", os.R_OK | os.X_OK):
+            errors.append(
+                {"what": "/proc", "msg": f"/proc: cannot read /proc/{pid}/fd (the GPU handles of the main process)"}
+            )
+    return errors
 
 
 # --------------------------------------------------------------------------------------------
@@ -1154,9 +1237,19 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
                 actions[inst["name"]].append(f"systemctl stop (rc={res['rc']})")
     state = _wait_units(units, _stopped, stop_timeout, ctx.poll)
     escalated = [u for u in units if not _stopped(state[u])]
+    # Processes known to have been SIGKILLed (pid, start time): one still present is in teardown
+    # (the kernel and the GPU driver release its memory, handles and sockets; over 30 s seen on
+    # large GPUs), not a survivor: it is waited for within the release deadline.
+    sigkilled: set[tuple[int, int]] = set()
     if escalated:
         # The drain did not finish in time (or the main process ignores SIGTERM): SIGKILL the
         # whole unit cgroup, which is exactly the instance's processes.
+        escalated_cgroups = [cgroups_all.get(u, "") for u in escalated]
+        sigkilled |= {
+            (pid, p["starttime"])
+            for pid, p in process_table(ctx.devices_dir).items()
+            if any(c and (p["cgroup"] == c or p["cgroup"].startswith(c + "/")) for c in escalated_cgroups)
+        }
         res = systemctl(["kill", "--kill-whom=all", "--signal=SIGKILL", *escalated])
         for inst in instances:
             if inst["unit"] in escalated:
@@ -1171,14 +1264,30 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     killed: dict[str, list[dict[str, Any]]] = {i["name"]: [] for i in instances}
     owned_all = []
     for inst in instances:
-        owned_all += [dict(o, instance=inst["name"]) for o in holders[inst["name"]]["owned"]]
+        owned_all += [
+            dict(o, instance=inst["name"])
+            for o in holders[inst["name"]]["owned"]
+            if not dying(o, sigkilled)  # a second SIGKILL does nothing to a process in teardown
+        ]
     if owned_all:
         unique = {o["pid"]: o for o in owned_all}
         log = kill_with_escalation(list(unique.values()), kill_timeout, ctx.redactor, ctx.poll)
         for entry in log:
             killed[unique[entry["pid"]]["instance"]].append(entry)
+            if entry["signal"] == "SIGKILL":
+                sigkilled.add((entry["pid"], unique[entry["pid"]]["starttime"]))
         holders, notes = collect_holders(ctx, instances, holder_cgroups)
+    teardown_t0 = time.monotonic()
+    release_deadline = teardown_t0 + float(req.get("release_timeout", 300))
+    teardown_s = 0.0
+    while any(_in_teardown(holders[i["name"]], sigkilled) for i in instances) and time.monotonic() < release_deadline:
+        time.sleep(ctx.poll)
+        holders, notes = collect_holders(ctx, instances, holder_cgroups)
+        teardown_s = round(time.monotonic() - teardown_t0, 3)
     final = systemctl_show(units)
+    if not all(_stopped(final[u]) for u in units):
+        # Once the last process of a unit is gone, systemd needs a moment to mark it stopped.
+        final = _wait_units(units, _stopped, kill_timeout, ctx.poll)
     out: dict[str, Any] = {}
     for inst in instances:
         name, unit = inst["name"], inst["unit"]
@@ -1202,10 +1311,17 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             "unit_stopped_s": round(unit_stopped_at[unit], 3),
             "actions": actions[name],
         }
+        in_teardown = [p for p in h["owned"] if dying(p, sigkilled)]
+        if teardown_s > 0:
+            entry["teardown_s"] = teardown_s  # waited for processes in teardown after SIGKILL
         if h["foreign"]:
             entry["msg"] = "; ".join(
                 f"PID {p['pid']} ({' '.join(ctx.redactor.argv(p['cmdline'])) or '?'}) {p['reason']}"
                 for p in h["foreign"]
+            )
+        elif in_teardown and len(in_teardown) == len(h["owned"]):
+            entry["msg"] = f"still in teardown {teardown_s:.0f}s after SIGKILL (the release deadline): " + ", ".join(
+                f"PID {p['pid']} ({' '.join(ctx.redactor.argv(p['cmdline']))})" for p in in_teardown
             )
         elif h["owned"]:
             entry["msg"] = "survived SIGKILL: " + ", ".join(str(p["pid"]) for p in h["owned"])
@@ -1213,6 +1329,17 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             entry["msg"] = f"unit still {entry['unit_state']} after the stop deadline and SIGKILL"
         out[name] = entry
     return {"instances": out, "notes": notes}
+
+
+def dying(proc: dict[str, Any], sigkilled: set[tuple[int, int]]) -> bool:
+    """Already SIGKILLed (by us, or by the unit's escalation) and still present: in teardown."""
+    return (proc["pid"], proc["starttime"]) in sigkilled
+
+
+def _in_teardown(holders: dict[str, list[dict[str, Any]]], sigkilled: set[tuple[int, int]]) -> bool:
+    """Everything still between the instance and a relaunch is its own processes in teardown:
+    worth waiting for (anything else is not: a foreign holder or a process never killed)."""
+    return bool(holders["owned"]) and not holders["foreign"] and all(dying(p, sigkilled) for p in holders["owned"])
 
 
 def _default_cgroup(cgroups: dict[str, str], unit: str) -> str:
@@ -1452,7 +1579,9 @@ def _prove_settings(
         problems.append(f"environment differs: {sorted(env_bad)}")
     probe = probe_server(ctx, inst)
     res["health_status"] = probe.get("health_status")
-    if probe.get("server_info_status") != 200:
+    if probe.get("unanswered"):
+        problems += probe["unanswered"]
+    elif probe.get("server_info_status") != 200:
         problems.append(f"/server_info answered {probe.get('server_info_status')}: {probe.get('server_info_error')}")
     else:
         info = probe["server_info"]

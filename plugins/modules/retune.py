@@ -101,6 +101,13 @@ options:
     description: The nvidia-smi command on the host (or inside the container).
     type: str
     default: nvidia-smi
+  nvidia_smi_timeout:
+    description:
+      - Seconds each nvidia-smi call may take. One that hangs past it is killed with every
+        process it started (its own process group), and counts as broken evidence - before any
+        stop, the instances of the host are left serving and the result is blocked.
+    type: float
+    default: 20
   devices_dir:
     description: Where the C(nvidiaN) device nodes are.
     type: path
@@ -122,7 +129,10 @@ options:
     type: float
     default: 0.5
   http_timeout:
-    description: Timeout of each C(/health) and C(/server_info) request.
+    description:
+      - Timeout of each C(/health) and C(/server_info) request. A running instance whose endpoint
+        does not answer within it (C(/server_info) hangs when a scheduler is stuck or gone) is
+        left as it is and blocks the host, naming the endpoint, unless O(force) is set.
     type: float
     default: 30
   pct:

@@ -47,6 +47,12 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  lock_run_id:
+    description:
+      - The run that holds the host lock (see M(sglang_ops.fleet.host_lock)). Every phase but
+        O(op=inspect) proves the lease this run's before it acts and renews it while it runs.
+      - Without it, a phase that acts refuses while another live run holds the host lock.
+    type: str
 attributes:
   check_mode:
     support: partial
@@ -74,6 +80,7 @@ containers:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
 from ansible_collections.sglang_ops.fleet.plugins.module_utils._pct import group_by_container, run_agent
 
 
@@ -89,12 +96,25 @@ def main() -> None:
             "options": {"type": "dict", "default": {}},
             "managed_units": {"type": "list", "elements": "dict", "default": []},
             "pct": {"type": "str", "default": "pct"},
+            "lock_run_id": {"type": "str"},
         },
         supports_check_mode=True,
     )
     op = module.params["op"]
     if module.check_mode and op != "inspect":
         module.fail_json(msg=f"op={op} changes the host and cannot run in check mode")
+    if op == "inspect":
+        run_phase(module)
+        return
+    try:
+        with _host_lock.guard(module.params["lock_run_id"]) as renewer:
+            run_phase(module, renewer)
+    except _host_lock.LockError as exc:
+        module.fail_json(msg=f"{exc}; the {op} phase did nothing", holder=exc.holder, lock_error=True)
+
+
+def run_phase(module: AnsibleModule, renewer: _host_lock.Renewer | None = None) -> None:
+    op = module.params["op"]
     groups = group_by_container(module.params["instances"])
     managed = group_by_container(module.params["managed_units"])
     merged: dict = {"instances": {}, "containers": {}}
@@ -113,6 +133,8 @@ def main() -> None:
         merged["instances"].update(result.get("instances", {}))
         merged["containers"][key] = {k: v for k, v in result.items() if k != "instances"}
     changed = op in ("stop", "start", "record")
+    if renewer is not None and renewer.lost:
+        merged["lock_lost"] = renewer.lost
     if failures:
         module.fail_json(msg="; ".join(failures), changed=changed, **merged)
     module.exit_json(changed=changed, **merged)

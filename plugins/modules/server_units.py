@@ -72,6 +72,12 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  lock_run_id:
+    description:
+      - The run that holds the host lock (M(sglang_ops.fleet.host_lock) sets C(sglang_fleet_lock));
+        the lease is proven this run's and renewed before anything is written.
+      - Without it, nothing is written while another live run holds the host lock.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -99,6 +105,7 @@ targets:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
 from ansible_collections.sglang_ops.fleet.plugins.module_utils._pct import run_agent
 
 
@@ -109,9 +116,21 @@ def main() -> None:
             "secret_files": {"type": "list", "elements": "dict", "default": [], "no_log": True},
             "start_timeout": {"type": "int", "default": 3600},
             "pct": {"type": "str", "default": "pct"},
+            "lock_run_id": {"type": "str"},
         },
         supports_check_mode=True,
     )
+    if module.check_mode:
+        converge(module)
+        return
+    try:
+        with _host_lock.guard(module.params["lock_run_id"]):
+            converge(module)
+    except _host_lock.LockError as exc:
+        module.fail_json(msg=f"{exc}; nothing was written", holder=exc.holder)
+
+
+def converge(module: AnsibleModule) -> None:
     secrets_by_place: dict = {}
     for spec in module.params["secret_files"]:
         secret = {"mode": "0600", "owner": "root", "group": "root", **spec, "secret": True, "verify": False}

@@ -47,6 +47,8 @@ class Decision:
     action: str  # UNCHANGED, "relaunch", "start" or "blocked"
     reasons: list[str] = field(default_factory=list)
     flag_diff: dict[str, Any] = field(default_factory=dict)
+    # Blocked only because the running server does not answer: ``force`` relaunches it anyway.
+    forceable: bool = False
 
 
 def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bool) -> Decision:
@@ -78,7 +80,18 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
         )
     if not facts.get("running"):
         state = f"{facts.get('active_state') or 'unknown'}/{facts.get('sub_state') or 'unknown'}"
-        return Decision(name, "start", [f"not running (unit {state})"])
+        return _unless_evidence_broken(Decision(name, "start", [f"not running (unit {state})"]), facts)
+    if facts.get("unanswered"):
+        return Decision(
+            name,
+            "blocked",
+            [
+                "; ".join(facts["unanswered"])
+                + ": its settings cannot be confirmed, so it is left as it is; to relaunch it anyway, "
+                "set sglang_retune_force=true (and sglang_retune_only to name it)"
+            ],
+            forceable=True,
+        )
     reasons: list[str] = []
     diff: dict[str, Any] = {}
     if facts.get("health_status") != 200:
@@ -107,8 +120,24 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
                 + ", ".join(f"{m['arg']}={m['reported']!r} (desired {m['expected']!r})" for m in mismatches)
             )
     if reasons:
-        return Decision(name, "relaunch", reasons, diff)
+        return _unless_evidence_broken(Decision(name, "relaunch", reasons, diff), facts)
     return Decision(name, UNCHANGED, [])
+
+
+def _unless_evidence_broken(decision: Decision, facts: Mapping[str, Any]) -> Decision:
+    """An instance to stop or start is blocked, while it still serves, when a source of evidence
+    the later proofs need (nvidia-smi, /proc, the unit's cgroup) did not answer correctly: once
+    stopped it could not be proven dead or its GPU free, and would be left down."""
+    errors = facts.get("evidence_errors") or []
+    if not errors:
+        return decision
+    return Decision(
+        decision.name,
+        "blocked",
+        [f"evidence the retune needs is broken, so nothing is stopped: {e.get('msg')}" for e in errors]
+        + [f"(would {decision.action}: {'; '.join(decision.reasons)})"],
+        decision.flag_diff,
+    )
 
 
 def describe_flag_diff(diff: Mapping[str, Any]) -> str:
@@ -210,6 +239,11 @@ class Retune:
         try:
             return dict(self._phase(op, names, extra, per_instance)["instances"])
         except PhaseError as exc:
+            if exc.result.get("lock_error"):
+                # Refused before it acted (another run holds the host): nothing changed in this
+                # phase, so an instance not yet stopped still runs as it was.
+                state = "running" if op == "stop" else "down"
+                consequence = "not stopped, still running as it was" if op == "stop" else _state_words(state)
             for name in names:
                 self.results[name].update(action=FAILED, state=state, msg=f"{exc}: {consequence}")
             return None
@@ -228,9 +262,10 @@ class Retune:
             for n in self.order
         }
         if self.opts.force:
-            for d in decisions.values():
-                if d.action == UNCHANGED:
-                    d.action, d.reasons = "relaunch", ["forced"]
+            for n, d in decisions.items():
+                if d.action == UNCHANGED or d.forceable:
+                    d.action, d.reasons = "relaunch", ["forced", *d.reasons]
+                    decisions[n] = _unless_evidence_broken(d, facts.get(n, {}))
         for name in self.order:
             self.results[name] = self._initial_result(name, facts.get(name, {}), decisions[name])
         blocked = [n for n in self.order if decisions[n].action == "blocked"]
@@ -300,7 +335,12 @@ class Retune:
         stop = self._phase_or_fail(
             "stop",
             names,
-            {"stop_timeout": self.opts.stop_timeout, "kill_timeout": self.opts.kill_timeout},
+            {
+                "stop_timeout": self.opts.stop_timeout,
+                "kill_timeout": self.opts.kill_timeout,
+                # Processes in teardown after SIGKILL are waited for within the release deadline.
+                "release_timeout": self.opts.release_timeout,
+            },
             state="unknown",
             consequence="state unknown, not relaunched",
         )
@@ -313,6 +353,8 @@ class Retune:
             if r.get("time_to_dead_s") is None:  # keep the first (the relaunch), not the rollback's
                 r["time_to_dead_s"] = res.get("time_to_dead_s")
             r["escalated"] = r.get("escalated", False) or bool(res.get("escalated"))
+            if res.get("teardown_s"):
+                r["teardown_s"] = res["teardown_s"]
             r["killed"] = r.get("killed", []) + list(res.get("killed", []))
             if res.get("dead"):
                 dead.append(name)

@@ -47,3 +47,33 @@ def test_one_line_per_instance_and_per_host_without_instances() -> None:
     assert rows["b"].split()[1] == "skipped" and rows["b"].endswith("not retuned: canary host(s) a failed")
     assert rows["c"].split()[1] == "failed" and "unit not found" in rows["c"]
     assert rows["d"].split()[1:3] == ["not", "run"]
+
+
+def test_processes_killed_by_pid_are_named_under_their_instance() -> None:
+    """A started instance whose way was cleared by killing an orphaned scheduler says so: PID,
+    command line, signals and why, one line each, under the instance's row."""
+    killed = [
+        {
+            "pid": 4242,
+            "signal": "SIGTERM",
+            "cmdline": ["sglang::scheduler_TP0"],
+            "reason": "SGLang process outside the unit holding GPU [0]",
+        },
+        {
+            "pid": 4242,
+            "signal": "SIGKILL",
+            "cmdline": ["sglang::scheduler_TP0"],
+            "reason": "SGLang process outside the unit holding GPU [0]",
+        },
+        {"pid": 4300, "signal": "SIGTERM", "cmdline": "python3 -m sglang.launch_server --port 30000", "reason": "x"},
+    ]
+    hostvars = {"a": {"sglang_retune_result": {"instances": [{"name": "gpu0", "action": "started", "killed": killed}]}}}
+    lines = retune_table(hostvars, ["a"])
+    row = next(i for i, line in enumerate(lines) if line.startswith("a/gpu0"))
+    assert lines[row].split()[1] == "started"
+    assert lines[row + 1].strip() == (
+        "killed PID 4242 (sglang::scheduler_TP0) with SIGTERM, then SIGKILL: "
+        "SGLang process outside the unit holding GPU [0]"
+    )
+    assert "killed PID 4300 (python3 -m sglang.launch_server --port 30000) with SIGTERM: x" in lines[row + 2]
+    assert len(lines) == row + 3

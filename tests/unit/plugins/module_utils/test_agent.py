@@ -241,6 +241,36 @@ def test_query_gpus_fails_closed_quoting_what_came_back(tmp_path: Path, body: st
     assert "--query-gpu=index,uuid,memory.used,memory.total" in text
 
 
+def _alive(pid: int) -> bool:
+    """Running (not gone and not a zombie waiting for init to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A hung nvidia-smi wrapper that forks: on timeout its whole process group is killed and
+    reaped, at once, and the call returns within its deadline (not when the children end)."""
+    pids = tmp_path / "pids"
+    smi = fake_smi(
+        tmp_path, f"sleep 60 & echo $! >> {pids}; sh -c 'sleep 60' & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EvidenceError) as err:
+        query_gpus(smi, 1)
+    elapsed = time.monotonic() - t0
+    assert "timed out" in err.value.describe()
+    assert elapsed < 8, f"took {elapsed:.1f}s: the call waited for the wrapper's children"
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 3
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in started if _alive(p)] == []
+
+
 def test_query_gpus_missing_binary(tmp_path: Path) -> None:
     with pytest.raises(EvidenceError) as err:
         query_gpus(str(tmp_path / "absent-nvidia-smi"), 1)
@@ -503,3 +533,60 @@ def test_wait_units_polls_until_done(monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = time.monotonic()
     assert _agent._wait_units(["u"], _agent._stopped, 5, 0.01)["u"]["ActiveState"] == "inactive"
     assert time.monotonic() - t0 < 2
+
+
+# -- evidence pre-flight --------------------------------------------------------------------
+
+
+def test_inspect_reports_a_hanging_nvidia_smi_as_broken_evidence_for_every_instance(tmp_path: Path) -> None:
+    """The pre-flight's host side: the GPU query that timed out is quoted once per instance
+    (the compute-apps query, the same broken tool, is not repeated)."""
+    smi = fake_smi(tmp_path, "sleep 30")
+    errors = _agent.evidence_errors(
+        _agent.gpu_snapshot(_ctx(smi))[1],
+        {"nvidia_smi_error": _agent.gpu_snapshot(_ctx(smi))[1]},
+    )
+    assert len(errors) == 1
+    assert errors[0]["rc"] is None and "timed out" in errors[0]["msg"] and smi in errors[0]["cmd"]
+
+
+def _ctx(smi: str) -> _agent.Context:
+    return _agent.Context({"nvidia_smi": smi, "nvidia_smi_timeout": 1, "secrets_file": "/nonexistent"})
+
+
+def test_a_running_instance_outside_its_units_cgroup_is_broken_evidence() -> None:
+    me = os.getpid()
+    ok = _agent.instance_evidence_errors(
+        {"unit": "u"}, {"running": True, "main_pid": me, "cgroup": _agent.proc_cgroup(me)}
+    )
+    assert ok == []
+    bad = _agent.instance_evidence_errors(
+        {"unit": "sglang-gpu0.service"},
+        {"running": True, "main_pid": me, "cgroup": "/system.slice/sglang-gpu0.service", "gpu_missing": [3]},
+    )
+    assert [e["what"] for e in bad] == ["GPU memory", "the unit's cgroup"]
+    assert "nvidia-smi does not list GPU(s) [3]" in bad[0]["msg"]
+    assert f"main PID {me}" in bad[1]["msg"]
+
+
+def test_an_endpoint_that_accepts_and_never_answers_is_named() -> None:
+    """/server_info hangs when a scheduler is stuck: the probe says which endpoint did not answer
+    within the deadline (a refused connection is an answer: the server is down)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts (the kernel's backlog) and never answers
+    try:
+        ctx = _agent.Context({"http_timeout": 1, "secrets_file": "/nonexistent"})
+        out = _agent.probe_server(ctx, {"port": listener.getsockname()[1]})
+    finally:
+        listener.close()
+    assert out["health_status"] is None and out["server_info_status"] is None
+    assert out["unanswered"] == [
+        "/health did not answer within 1s",
+        "/server_info did not answer within 1s (it asks every scheduler: one is stuck or gone)",
+    ]
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert _agent.probe_server(ctx, {"port": port})["unanswered"] == []

@@ -411,3 +411,76 @@ def test_force_relaunches_unchanged() -> None:
     out = run(host, [instance("gpu0", 30000)], force=True)
     assert out["instances"][0]["action"] == "relaunched"
     assert out["instances"][0]["reasons"] == ["forced"]
+
+
+# -- evidence pre-flight, hanging endpoints, the host lock -----------------------------------
+
+SMI_HANG = {
+    "what": "GPU memory",
+    "cmd": "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits",
+    "rc": None,
+    "msg": "GPU memory: ran 'nvidia-smi --query-gpu=...': timed out, stdout='', stderr=''",
+}
+
+
+def test_broken_evidence_blocks_the_host_before_anything_is_stopped() -> None:
+    """nvidia-smi hangs at inspect: no instance of the host is stopped (they keep serving), the
+    result is blocked and quotes what was run and what came back."""
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+    host = Host(
+        {
+            "gpu0": facts("gpu0", evidence_errors=[SMI_HANG]),
+            "gpu1": facts("gpu1", evidence_errors=[SMI_HANG]),
+        }
+    )
+    out = run(host, insts)
+    assert host.ops() == [("inspect", ["gpu0", "gpu1"])]
+    assert out["failed"] and "down" not in out
+    assert "nothing changed on this host" in out["msg"] and "timed out" in out["msg"]
+    for r in out["instances"]:
+        assert r["action"] == "failed" and r["state"] == "running"
+        assert any("evidence the retune needs is broken" in why for why in r["reasons"])
+        assert any("would relaunch" in why for why in r["reasons"])
+
+
+def test_broken_evidence_leaves_an_unchanged_host_unchanged() -> None:
+    inst = instance("gpu0", 30000)
+    out = run(Host({"gpu0": facts("gpu0", argv=ARGV_NEW, mamba=200, evidence_errors=[SMI_HANG])}), [inst])
+    assert not out.get("failed") and out["instances"][0]["action"] == "unchanged"
+
+
+def test_a_server_info_that_hangs_blocks_unless_forced() -> None:
+    unanswered = ["/server_info did not answer within 30s (it asks every scheduler: one is stuck or gone)"]
+    inst = instance("gpu0", 30000)
+    stuck = facts("gpu0", server_info_status=None, unanswered=unanswered)
+    host = Host({"gpu0": stuck})
+    out = run(host, [inst])
+    assert host.ops() == [("inspect", ["gpu0"])]
+    assert out["failed"] and "/server_info did not answer within 30s" in out["msg"]
+    assert "sglang_retune_force" in out["msg"]
+
+    forced = Host({"gpu0": stuck})
+    out = run(forced, [inst], force=True)
+    assert [op for op, _ in forced.ops()] == ["inspect", "stop", "release", "start"]
+    assert out["instances"][0]["action"] == "relaunched"
+    assert "/server_info did not answer" in " ".join(out["instances"][0]["reasons"])
+
+
+def test_force_never_overrides_broken_evidence() -> None:
+    inst = instance("gpu0", 30000)
+    host = Host({"gpu0": facts("gpu0", argv=ARGV_NEW, mamba=200, evidence_errors=[SMI_HANG])})
+    out = run(host, [inst], force=True)
+    assert host.ops() == [("inspect", ["gpu0"])]
+    assert out["failed"] and out["instances"][0]["state"] == "running"
+
+
+def test_a_stop_refused_by_the_host_lock_leaves_the_instance_running() -> None:
+    def locked(names: list[str], _i: Any, _o: Any) -> dict[str, Any]:
+        return {"failed": True, "lock_error": True, "msg": "the host is locked by run abc (user ops on ctl)"}
+
+    host = Host({"gpu0": facts("gpu0")}, stop=locked)
+    out = run(host, [instance("gpu0", 30000)])
+    r = out["instances"][0]
+    assert out["failed"] and "down" not in out
+    assert r["state"] == "running" and "not stopped, still running as it was" in r["msg"]
+    assert "locked by run abc" in r["msg"]

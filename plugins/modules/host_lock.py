@@ -1,0 +1,108 @@
+#!/usr/bin/python
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Take, check or give back a host's retune lock (the host side of sglang_ops.fleet.host_lock)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: host_lock
+short_description: One retune or deploy per host at a time
+description:
+  - Takes a lease on the host (C(/run/sglang-fleet/host.lock)) before a run touches anything there,
+    and gives it back at the end. The lease names the run that holds it - a run id, the
+    controller host, the user, the controller's process and the start time.
+  - A second run finds the lease and fails at once, before touching anything, naming the holder.
+  - A lease left by a run that died is taken over - when it was not renewed within its TTL
+    (every phase of M(sglang_ops.fleet.retune) and every write of the server role renews it), or
+    at once when the holder ran on this same controller and its process is gone.
+  - The result sets the fact C(sglang_fleet_lock) (the lease), which the later tasks of the run
+    pass on to M(sglang_ops.fleet.retune) and M(sglang_ops.fleet.server_units) so that they prove
+    the lease still theirs before they act.
+  - In check mode nothing is taken; a lease held by another run is reported as a warning.
+version_added: 0.2.0
+author: sglang-fleet contributors
+options:
+  state:
+    description: C(acquired) takes (or renews) the lease, C(released) gives it back if this run holds it.
+    type: str
+    choices: [acquired, released]
+    default: acquired
+  ttl:
+    description:
+      - Seconds after its last renewal at which a lease counts as left by a dead run. Longer than
+        any pause between two tasks of a run on the host (the generation clients' stop, for one).
+    type: int
+    default: 1800
+attributes:
+  check_mode:
+    support: full
+notes:
+  - Runs on the host (the Proxmox node for instances inside LXC containers).
+"""
+
+EXAMPLES = r"""
+- name: Take the host lock for this run
+  sglang_ops.fleet.host_lock:
+
+- name: Give it back
+  sglang_ops.fleet.host_lock:
+    state: released
+"""
+
+RETURN = r"""
+lock:
+  description: The lease as written on the host (run_id, controller, user, controller_pid, started_at, renewed_at).
+  returned: success
+  type: dict
+took_over:
+  description: The lease of a dead run that this one took over, if any.
+  returned: when a lease was taken over
+  type: dict
+holder:
+  description: The run that holds the lease, when another run holds it.
+  returned: when the lease is held by another run
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
+            # Set by the action plugin.
+            "identity": {"type": "dict", "required": True},
+            "take_over": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    path = _host_lock.LOCK_PATH_DEFAULT
+    identity = module.params["identity"]
+    if module.params["state"] == "released":
+        released = False if module.check_mode else _host_lock.release(identity["run_id"], path)
+        # The lease is the run's bookkeeping, not managed state: never "changed", so a second run
+        # of a playbook still reports nothing changed.
+        module.exit_json(changed=False, released=released)
+    if module.check_mode:
+        holder = _host_lock.read(path)
+        warnings = []
+        if holder and holder.get("run_id") != identity["run_id"]:
+            warnings.append(f"the host is locked by {_host_lock.describe(holder)}: an apply now would fail")
+        module.exit_json(changed=False, lock=None, holder=holder, warnings=warnings)
+    try:
+        got = _host_lock.acquire(identity, path, take_over=module.params["take_over"])
+    except _host_lock.LockError as exc:
+        module.fail_json(msg=str(exc), holder=exc.holder)
+    result = {"changed": False, "lock": got["lock"]}
+    if got["took_over"]:
+        result["took_over"] = got["took_over"]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
