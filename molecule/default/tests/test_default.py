@@ -61,14 +61,16 @@ def test_process_tree_and_gpu_memory(host) -> None:
 
 
 def test_stop_frees_gpu_memory_only_after_the_release_delay(host) -> None:
+    # Timed from the stop request: the stop itself takes the processes' teardown (they stay a
+    # moment after SIGKILL), while the release delay runs from the scheduler's exit.
+    asked = time.monotonic()
     host.check_output("systemctl stop gpusim-smoke.service")
-    stopped = time.monotonic()
     assert host.check_output("systemctl show -p ActiveState --value gpusim-smoke.service") == "inactive"
     # The processes are gone, but the driver has not released the memory yet.
     assert host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader") == ""
     assert gpu_used(host)[1] > 0
     assert wait_for(lambda: gpu_used(host)[1] == 0, 30)
     # Released after the configured delay (4 s), not at once.
-    assert time.monotonic() - stopped >= 2.5
+    assert time.monotonic() - asked >= 2.5
     host.check_output("systemctl start gpusim-smoke.service")
     assert wait_for(lambda: health(host) == "200", 30)
