@@ -5,10 +5,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.bundle import bundle_source
 
 DOCUMENTATION = r"""
 name: desired_record
@@ -65,11 +64,11 @@ def place_file(container: Any, path: str, content: str, mode: str = "0644") -> d
 
 
 def host_agent_file(path: str) -> dict[str, Any]:
-    """A file entry that installs the host agent's own source at ``path``: the units' start
-    guard imports it there, so that it reads /proc and nvidia-smi exactly as the retune does
-    (the same file the retune runs inside LXC containers)."""
-    # Read from the module's file on the controller (the collection is on disk here).
-    return {"path": path, "content": Path(_agent.__file__).read_text(encoding="utf-8"), "mode": "0644"}
+    """A file entry that installs the host agent at ``path``: the whole agent package in one
+    Python file, which the units' start guard imports, so that it reads /proc and nvidia-smi
+    exactly as the retune does (the same agent the retune runs inside LXC containers)."""
+    # Built from the package's files on the controller (the collection is on disk here).
+    return {"path": path, "content": bundle_source(), "mode": "0644"}
 
 
 class FilterModule:

@@ -3,28 +3,19 @@
 """Run the host agent where an instance lives: in this process on a bare host, or inside a
 Proxmox LXC container through ``pct exec`` from the node.
 
-Inside a container the agent's own source is passed to the container's python3 with ``-c`` and
-the request goes in on stdin, so nothing has to be installed in the container beforehand and no
-secret ever appears on a command line.
+Inside a container the whole agent package goes to the container's python3 as one ``-c`` payload
+(``agent.bundle.command_payload``) and the request goes in on stdin, so nothing has to be
+installed in the container beforehand and no secret ever appears on a command line.
 """
 
 from __future__ import annotations
 
 import json
-import pkgutil
 import subprocess
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
-
-AGENT_PACKAGE = "ansible_collections.sglang_ops.fleet.plugins.module_utils"
-
-
-def agent_source() -> str:
-    data = pkgutil.get_data(AGENT_PACKAGE, "_agent.py")
-    if data is None:  # pragma: no cover - only if the collection is packaged without sources
-        raise RuntimeError("cannot read the host agent's source")
-    return data.decode("utf-8")
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import ops
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.bundle import command_payload
 
 
 def run_agent(
@@ -33,8 +24,8 @@ def run_agent(
     """One agent operation; a container's result has the same shape as a local one, and a
     failure to run the agent at all is a failed result quoting what was run."""
     if container is None:
-        return _agent.run(request)
-    argv = [pct, "exec", str(container), "--", "python3", "-c", agent_source()]
+        return ops.run(request)
+    argv = [pct, "exec", str(container), "--", "python3", "-c", command_payload()]
     shown = f"{pct} exec {container} -- python3 -c <sglang-fleet agent>"
     try:
         proc = subprocess.run(

@@ -34,7 +34,7 @@ def test_collection_artifact_is_clean(tmp_path: Path) -> None:
         "meta/runtime.yml",
         "plugins/action/retune.py",
         "plugins/modules/retune.py",
-        "plugins/module_utils/_agent.py",
+        "plugins/module_utils/agent/ops.py",
         "plugins/plugin_utils/sglang_flags.json",
         "roles/server/tasks/main.yml",
         "roles/generation/tasks/main.yml",

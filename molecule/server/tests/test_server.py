@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -167,10 +166,11 @@ def test_start_guard_installed_with_the_host_agent_beside_it(host) -> None:
     agent = host.file(f"{libexec}/sglang_fleet_agent.py")
     assert agent.user == "root"
     assert agent.mode == 0o644
-    # The collection's host agent (byte equality with the source: tests/unit/plugins/filter).
-    repo_agent = (Path(__file__).resolve().parents[3] / "plugins/module_utils/_agent.py").read_text(encoding="utf-8")
-    assert agent.content_string.splitlines()[:3] == repo_agent.splitlines()[:3]
+    # The collection's host agent in one file (byte equality with the bundle: tests/unit/plugins/filter),
+    # importable as the package with the host's own Python.
     assert "def process_table(" in agent.content_string
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); from sglang_fleet_agent import procfs; print(procfs.__name__)"
+    assert host.check_output(f"/usr/bin/python3 -I -B -c '{probe}' {libexec}") == "sglang_fleet_agent.procfs"
     # The guard imports the agent from its own directory and answers its command line.
     assert "--threshold-mib" in host.check_output(f"/usr/bin/python3 {libexec}/sglang-fleet-start-guard --help")
     assert not host.file(f"{libexec}/__pycache__").exists

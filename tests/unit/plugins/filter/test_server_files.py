@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_files
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.bundle import bundle_source
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
-def test_host_agent_file_installs_the_agent_source_unchanged() -> None:
+def test_host_agent_file_installs_the_agent_package_in_one_file() -> None:
     entry = server_files.host_agent_file("/usr/local/libexec/sglang-fleet/sglang_fleet_agent.py")
     assert entry == {
         "path": "/usr/local/libexec/sglang-fleet/sglang_fleet_agent.py",
-        "content": (REPO_ROOT / "plugins/module_utils/_agent.py").read_text(encoding="utf-8"),
+        "content": bundle_source(),
         "mode": "0644",
     }
 

@@ -18,27 +18,29 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.bundle import bundle_source
 
 REPO_ROOT = Path(__file__).resolve().parents[5]
 GUARD = REPO_ROOT / "roles/server/files/sglang-fleet-start-guard"
-AGENT_SOURCE = REPO_ROOT / "plugins/module_utils/_agent.py"
 # The name the server role installs the agent under, next to the guard (roles/server/tasks).
 AGENT_MODULE = "sglang_fleet_agent"
 
 
 @pytest.fixture(scope="module")
 def guard() -> ModuleType:
-    """The guard as a module, importing the collection's agent under its installed name."""
+    """The guard as a module, importing the collection's agent package under its installed name
+    (its modules already loaded, so the guard gets these very modules)."""
     saved_path, saved_bytecode = list(sys.path), sys.dont_write_bytecode
-    sys.modules.setdefault(AGENT_MODULE, _agent)
+    sys.modules.setdefault(AGENT_MODULE, agent)
     loader = importlib.machinery.SourceFileLoader("sglang_fleet_start_guard", str(GUARD))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     sys.path[:], sys.dont_write_bytecode = saved_path, saved_bytecode
-    assert module.agent is _agent
+    assert (module.evidence, module.nvidia, module.procfs) == (evidence, nvidia, procfs)
     return module
 
 
@@ -126,7 +128,7 @@ def test_holders_are_every_process_on_the_gpus_or_port_by_pid(guard: ModuleType)
 
 def test_journal_lines_name_pid_command_line_and_cgroup_with_secrets_masked(guard: ModuleType) -> None:
     found = guard.holders(TABLE, {4500: [1]}, [1], 30001)
-    redact = _agent.Redactor(["sk-secret-1234"]).argv
+    redact = evidence.Redactor(["sk-secret-1234"]).argv
     lines = guard.verdict_lines(["GPU 1: 90000 MiB used > release threshold 1024 MiB"], found, redact)
     assert lines[0] == "GPU 1: 90000 MiB used > release threshold 1024 MiB"
     assert lines[1] == (
@@ -169,11 +171,11 @@ class FakeHost:
         return {i: {"index": i, "uuid": f"GPU-{i}", "used_mib": mib, "total_mib": 183359} for i, mib in answer.items()}
 
     def install(self, monkeypatch: pytest.MonkeyPatch, guard: ModuleType) -> None:
-        monkeypatch.setattr(guard.agent, "query_gpus", self.query_gpus)
-        monkeypatch.setattr(guard.agent, "query_compute_apps", lambda *a, **k: [])
-        monkeypatch.setattr(guard.agent, "listening_sockets", lambda: dict(self.listening))
-        monkeypatch.setattr(guard.agent, "process_table", lambda devices_dir="/dev": dict(self.table))
-        monkeypatch.setattr(guard.agent, "read_env_file", lambda path: {})
+        monkeypatch.setattr(guard.nvidia, "query_gpus", self.query_gpus)
+        monkeypatch.setattr(guard.nvidia, "query_compute_apps", lambda *a, **k: [])
+        monkeypatch.setattr(guard.procfs, "listening_sockets", lambda: dict(self.listening))
+        monkeypatch.setattr(guard.procfs, "process_table", lambda devices_dir="/dev": dict(self.table))
+        monkeypatch.setattr(guard.evidence, "read_env_file", lambda path: {})
 
         def no_kill(*args: Any) -> None:
             raise AssertionError(f"the guard signalled a process: {args}")
@@ -183,7 +185,7 @@ class FakeHost:
 
 
 def nvsmi_error(what: str = "GPU memory", rc: int | None = None) -> Exception:
-    return _agent.EvidenceError(what, ["nvidia-smi", "--query-gpu=index"], rc, "", "NVIDIA-SMI has failed")
+    return evidence.EvidenceError(what, ["nvidia-smi", "--query-gpu=index"], rc, "", "NVIDIA-SMI has failed")
 
 
 ARGS = ["--gpus", "1", "--port", "30001", "--threshold-mib", "1024", "--interval", "0.01"]
@@ -263,7 +265,7 @@ def test_nvidia_smi_calls_end_by_the_deadline(guard, monkeypatch) -> None:
         raise nvsmi_error(rc=None)
 
     FakeHost([{}]).install(monkeypatch, guard)
-    monkeypatch.setattr(guard.agent, "query_gpus", query_gpus)
+    monkeypatch.setattr(guard.nvidia, "query_gpus", query_gpus)
     assert guard.main([*ARGS, "--timeout", "3", "--nvidia-smi-timeout", "20"]) == 1
     # Never more than what is left of the deadline (at least one second per call).
     assert timeouts[0] <= 3
@@ -282,7 +284,8 @@ def installed(tmp_path: Path) -> dict[str, Path]:
     libexec = tmp_path / "libexec"
     libexec.mkdir()
     shutil.copy(GUARD, libexec / GUARD.name)
-    shutil.copy(AGENT_SOURCE, libexec / f"{AGENT_MODULE}.py")
+    # What the server role installs (the filter host_agent_file): the package in one file.
+    (libexec / f"{AGENT_MODULE}.py").write_text(bundle_source(), encoding="utf-8")
     devices = tmp_path / "dev"
     devices.mkdir()
     for index in (0, 1):

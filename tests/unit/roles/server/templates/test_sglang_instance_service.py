@@ -16,7 +16,8 @@ from types import ModuleType
 import pytest
 import yaml
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
+from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parents[5]
 ROLE = REPO_ROOT / "roles/server"
@@ -104,7 +105,7 @@ def default_units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def guard() -> ModuleType:
-    sys.modules.setdefault("sglang_fleet_agent", _agent)
+    sys.modules.setdefault("sglang_fleet_agent", agent)
     saved_path, saved_bytecode = list(sys.path), sys.dont_write_bytecode
     loader = importlib.machinery.SourceFileLoader("unit_start_guard", str(ROLE / "files/sglang-fleet-start-guard"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
@@ -184,9 +185,9 @@ def test_the_guard_accepts_the_command_line_the_unit_gives_it(default_units, gua
     words = shlex.split(settings(default_units["tp"])["ExecStartPre"][0].removeprefix("+"))
     assert words[:2] == ["/usr/bin/python3", "/usr/local/libexec/sglang-fleet/sglang-fleet-start-guard"]
     gpus = {i: {"index": i, "uuid": f"GPU-{i}", "used_mib": 0, "total_mib": 183359} for i in range(4)}
-    monkeypatch.setattr(guard.agent, "query_gpus", lambda nvidia_smi, timeout: gpus)
-    monkeypatch.setattr(guard.agent, "listening_sockets", dict)
-    monkeypatch.setattr(guard.agent, "read_env_file", lambda path: {})
+    monkeypatch.setattr(guard.nvidia, "query_gpus", lambda nvidia_smi, timeout: gpus)
+    monkeypatch.setattr(guard.procfs, "listening_sockets", dict)
+    monkeypatch.setattr(guard.evidence, "read_env_file", lambda path: {})
     assert guard.main(words[2:]) == 0
     assert "GPU 2,3 and port 30010 free after" in capsys.readouterr().out
 
@@ -196,4 +197,4 @@ def test_the_role_installs_the_agent_where_the_guard_imports_it() -> None:
     assert "(_sglang_server_libexec ~ '/sglang_fleet_agent.py') | sglang_ops.fleet.host_agent_file" in tasks
     assert "{{ _sglang_server_libexec }}/sglang-fleet-start-guard" in tasks
     guard_source = (ROLE / "files/sglang-fleet-start-guard").read_text(encoding="utf-8")
-    assert "import sglang_fleet_agent" in guard_source
+    assert "from sglang_fleet_agent import" in guard_source

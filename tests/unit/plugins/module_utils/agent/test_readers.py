@@ -15,21 +15,37 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _agent
-from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import (
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import (
+    evidence,
+    http_client,
+    op_apply,
+    op_inspect,
+    op_stop,
+    ops,
+    procfs,
+    systemd,
+)
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import (
     EvidenceError,
     Redactor,
-    argv_diff,
-    argv_matches,
-    classify_processes,
-    compare_server_info,
-    is_sglang_process,
-    kill_with_escalation,
+    read_env_file,
+)
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.nvidia import (
     meaningful_app_pids,
-    process_table,
     query_compute_apps,
     query_gpus,
-    read_env_file,
+)
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.procfs import (
+    classify_processes,
+    is_sglang_process,
+    kill_with_escalation,
+    process_table,
+)
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings import (
+    argv_diff,
+    argv_matches,
+    compare_server_info,
 )
 
 
@@ -285,7 +301,7 @@ def test_query_compute_apps_maps_uuids_and_na(tmp_path: Path) -> None:
 
 def test_release_fails_closed_when_nvidia_smi_breaks(tmp_path: Path) -> None:
     smi = fake_smi(tmp_path, "echo garbage; exit 0")
-    res = _agent.run(
+    res = ops.run(
         {"op": "release", "nvidia_smi": smi, "instances": [{"name": "gpu0", "gpus": [0]}], "release_timeout": 1}
     )
     inst = res["instances"]["gpu0"]
@@ -302,7 +318,7 @@ def test_release_waits_for_memory_to_fall(tmp_path: Path) -> None:
         f"n=$(cat {counter}); n=$((n+1)); echo $n > {counter}; "
         "if [ $n -ge 3 ]; then u=1; else u=90000; fi; printf '0, GPU-a, %s, 143771\\n1, GPU-b, 5000, 143771\\n' $u",
     )
-    res = _agent.run(
+    res = ops.run(
         {
             "op": "release",
             "nvidia_smi": smi,
@@ -416,20 +432,20 @@ def test_apply_writes_atomically_with_modes_and_reports_changes(tmp_path: Path) 
             {"path": str(secret), "content": "SGLANG_API_KEY=k\n", "mode": "0600", "secret": True},
         ],
     }
-    check = _agent.run(dict(req, check_mode=True))
+    check = ops.run(dict(req, check_mode=True))
     assert check["changed"] is True
     assert not unit.exists()  # check mode writes nothing
-    first = _agent.run(req)
+    first = ops.run(req)
     assert first["changed"] is True
     assert unit.read_text() == "a=1\n"
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
     diffs = [f for f in first["files"] if "diff" in f]
     assert [d["path"] for d in diffs] == [str(unit)]  # a secret's content never goes in a diff
-    second = _agent.run(req)
+    second = ops.run(req)
     assert second["changed"] is False
     assert all(not f["changed"] for f in second["files"])
     secret.chmod(0o644)
-    third = _agent.run(req)
+    third = ops.run(req)
     assert third["changed"] is True
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
 
@@ -442,10 +458,8 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
     units, desired, state = tmp_path / "units", tmp_path / "desired", tmp_path / "state"
     units.mkdir()
     desired.mkdir()
-    monkeypatch.setattr(_agent, "UNIT_DIR", str(units))
     running = subprocess.Popen(["sleep", "60"], env={"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin:/bin"})
     shown = {"ActiveState": "active", "MainPID": str(running.pid)}
-    monkeypatch.setattr(_agent, "systemctl_show", lambda names: {n: dict(shown) for n in names})
 
     def record(argv: list[str]) -> str:
         env = {"CUDA_VISIBLE_DEVICES": "0"}
@@ -462,27 +476,31 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
             {"path": str(desired / "gpu0.json"), "content": record(["sleep", "61"])},
         ],
     }
+    # The real host (this machine's /proc), but systemd answers as if the unit ran that process.
+    host = Host(req)
+    host.unit_dir = str(units)
+    monkeypatch.setattr(host, "units", lambda names: {n: dict(shown) for n in names})
     last_good = state / "instances" / "gpu0" / "last-good.json"
     try:
         # A unit that is not running, or runs something else, is no evidence: nothing kept.
         shown["ActiveState"] = "failed"
-        assert _agent.keep_running_as_last_good(req, check=False) == []
+        assert op_apply.keep_running_as_last_good(req, host, check=False) == []
         shown["ActiveState"] = "active"
         (desired / "gpu0.json").write_text(record(["sleep", "59"]))
-        assert _agent.keep_running_as_last_good(req, check=False) == []
+        assert op_apply.keep_running_as_last_good(req, host, check=False) == []
         (desired / "gpu0.json").write_text(record(["sleep", "60"]))
-        assert _agent.keep_running_as_last_good(req, check=True) == ["gpu0"]
+        assert op_apply.keep_running_as_last_good(req, host, check=True) == ["gpu0"]
         assert not last_good.exists()  # check mode writes nothing
 
-        res = _agent.run(req)
+        res = ops.run(req, host)
         assert "keep the settings gpu0 runs now as its last good settings" in res["actions"]
         kept = json.loads(last_good.read_text())
         assert (kept["unit_text"], kept["argv"]) == ("old unit\n", ["sleep", "60"])
         assert (units / "sglang-gpu0.service").read_text() == "new unit\n"
         # Recorded once: a later change keeps the recorded last good settings as they are.
         assert (
-            _agent.keep_running_as_last_good(
-                dict(req, files=[dict(req["files"][0], content="newer unit\n"), req["files"][1]]), check=False
+            op_apply.keep_running_as_last_good(
+                dict(req, files=[dict(req["files"][0], content="newer unit\n"), req["files"][1]]), host, check=False
             )
             == []
         )
@@ -492,29 +510,14 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
 
 
 def test_apply_refuses_a_unit_that_systemd_analyze_flags(tmp_path: Path) -> None:
-    if not _agent._which("systemd-analyze"):
+    if not evidence.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed")
     bad = "[Service]\nType=exec\nExecStart=/bin/true\nKillMod=mixed\n"
-    problem = _agent.verify_unit_text("sglang-bad.service", bad)
+    problem = systemd.verify_unit_text("sglang-bad.service", bad)
     assert problem is not None
     assert "KillMod" in problem
     good = "[Unit]\nDescription=x\n[Service]\nType=exec\nExecStart=/bin/true\nKillMode=mixed\n"
-    assert _agent.verify_unit_text("sglang-good.service", good) is None
-
-
-def test_main_reads_stdin_and_writes_json() -> None:
-    src = Path(_agent.__file__).read_text()
-    out = subprocess.run(
-        [sys.executable, "-c", src], input=json.dumps({"op": "nope"}), capture_output=True, text=True, check=True
-    )
-    assert json.loads(out.stdout) == {"failed": True, "msg": "unknown agent operation 'nope'"}
-
-
-def test_agent_is_standard_library_only() -> None:
-    """It runs inside containers through pct exec, where only the stdlib is guaranteed."""
-    src = Path(_agent.__file__).read_text()
-    code = f"import sys; sys.modules['ansible'] = None; exec(compile({src!r}, 'agent', 'exec'))"
-    subprocess.run([sys.executable, "-I", "-c", code], input="{}", capture_output=True, text=True, check=True)
+    assert systemd.verify_unit_text("sglang-good.service", good) is None
 
 
 def test_http_request_reports_refused_connections() -> None:
@@ -522,16 +525,17 @@ def test_http_request_reports_refused_connections() -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    status, body = _agent.http_request(f"http://127.0.0.1:{port}/health", 2)
+    status, body = http_client.http_request(f"http://127.0.0.1:{port}/health", 2)
     assert status is None
     assert "refused" in body.lower()
 
 
 def test_wait_units_polls_until_done(monkeypatch: pytest.MonkeyPatch) -> None:
     states = iter([{"u": {"ActiveState": "deactivating"}}, {"u": {"ActiveState": "inactive"}}])
-    monkeypatch.setattr(_agent, "systemctl_show", lambda units: next(states))
+    host = Host({"poll_interval": 0.01, "secrets_file": "/nonexistent"})
+    monkeypatch.setattr(host, "units", lambda units: next(states))
     t0 = time.monotonic()
-    assert _agent._wait_units(["u"], _agent._stopped, 5, 0.01)["u"]["ActiveState"] == "inactive"
+    assert op_stop.wait_units(host, ["u"], systemd.stopped, 5)["u"]["ActiveState"] == "inactive"
     assert time.monotonic() - t0 < 2
 
 
@@ -542,25 +546,27 @@ def test_inspect_reports_a_hanging_nvidia_smi_as_broken_evidence_for_every_insta
     """The pre-flight's host side: the GPU query that timed out is quoted once per instance
     (the compute-apps query, the same broken tool, is not repeated)."""
     smi = fake_smi(tmp_path, "sleep 30")
-    errors = _agent.evidence_errors(
-        _agent.gpu_snapshot(_ctx(smi))[1],
-        {"nvidia_smi_error": _agent.gpu_snapshot(_ctx(smi))[1]},
+    errors = op_inspect.evidence_errors(
+        op_inspect.gpu_snapshot(_host(smi))[1],
+        {"nvidia_smi_error": op_inspect.gpu_snapshot(_host(smi))[1]},
     )
     assert len(errors) == 1
     assert errors[0]["rc"] is None and "timed out" in errors[0]["msg"] and smi in errors[0]["cmd"]
 
 
-def _ctx(smi: str) -> _agent.Context:
-    return _agent.Context({"nvidia_smi": smi, "nvidia_smi_timeout": 1, "secrets_file": "/nonexistent"})
+def _host(smi: str) -> Host:
+    return Host({"nvidia_smi": smi, "nvidia_smi_timeout": 1, "secrets_file": "/nonexistent"})
 
 
 def test_a_running_instance_outside_its_units_cgroup_is_broken_evidence() -> None:
     me = os.getpid()
-    ok = _agent.instance_evidence_errors(
-        {"unit": "u"}, {"running": True, "main_pid": me, "cgroup": _agent.proc_cgroup(me)}
+    host = Host({"secrets_file": "/nonexistent"})
+    ok = op_inspect.instance_evidence_errors(
+        host, {"unit": "u"}, {"running": True, "main_pid": me, "cgroup": procfs.proc_cgroup(me)}
     )
     assert ok == []
-    bad = _agent.instance_evidence_errors(
+    bad = op_inspect.instance_evidence_errors(
+        host,
         {"unit": "sglang-gpu0.service"},
         {"running": True, "main_pid": me, "cgroup": "/system.slice/sglang-gpu0.service", "gpu_missing": [3]},
     )
@@ -576,8 +582,8 @@ def test_an_endpoint_that_accepts_and_never_answers_is_named() -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)  # accepts (the kernel's backlog) and never answers
     try:
-        ctx = _agent.Context({"http_timeout": 1, "secrets_file": "/nonexistent"})
-        out = _agent.probe_server(ctx, {"port": listener.getsockname()[1]})
+        host = Host({"http_timeout": 1, "secrets_file": "/nonexistent"})
+        out = op_inspect.probe_server(host, {"port": listener.getsockname()[1]})
     finally:
         listener.close()
     assert out["health_status"] is None and out["server_info_status"] is None
@@ -589,4 +595,4 @@ def test_an_endpoint_that_accepts_and_never_answers_is_named() -> None:
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()
-    assert _agent.probe_server(ctx, {"port": port})["unanswered"] == []
+    assert op_inspect.probe_server(host, {"port": port})["unanswered"] == []

@@ -1,0 +1,143 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The host as the operations see it: one object bundling systemd, /proc, nvidia-smi, HTTP, the
+files and records, and the clock, with the request's tool paths, timeouts and secrets. The
+operations act on the host only through it, so unit tests give them a fake host (a subclass that
+answers from data) and check their decisions without systemd, GPUs or servers."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+import time
+from typing import Any, Callable
+
+from . import http_client, nvidia, procfs, systemd
+from .defaults import DEFAULTS
+from .evidence import EvidenceError, Redactor, read_env_file
+from .state import StateFiles, file_state, write_atomic
+from .waiting import wait_until
+
+
+class Host:
+    def __init__(self, req: dict[str, Any]):
+        self.secrets_file = req.get("secrets_file", DEFAULTS["secrets_file"])
+        self.load_secrets()
+        self.nvidia_smi = req.get("nvidia_smi", DEFAULTS["nvidia_smi"])
+        self.nvidia_smi_timeout = float(req.get("nvidia_smi_timeout", DEFAULTS["nvidia_smi_timeout"]))
+        self.devices_dir = req.get("devices_dir", DEFAULTS["devices_dir"])
+        self.http_timeout = float(req.get("http_timeout", DEFAULTS["http_timeout"]))
+        self.poll = float(req.get("poll_interval", DEFAULTS["poll_interval"]))
+        self.managed_units = list(req.get("managed_units", []))
+        self.state = StateFiles(
+            req.get("state_dir", DEFAULTS["state_dir"]), req.get("desired_dir", DEFAULTS["desired_dir"])
+        )
+        self.unit_dir = systemd.UNIT_DIR
+
+    def load_secrets(self) -> None:
+        """The API key to talk to the servers, and every secret value to redact."""
+        secrets = read_env_file(self.secrets_file)
+        self.api_key = secrets.get("SGLANG_API_KEY", "")
+        self.redactor = Redactor(secrets.values())
+
+    # -- clock --------------------------------------------------------------------------------
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def wait(self, ready: Callable[[], bool], deadline: float) -> tuple[bool, float]:
+        """:func:`waiting.wait_until` on this host's clock, polling every ``poll_interval``."""
+        return wait_until(ready, deadline, self.poll, self.monotonic, self.sleep)
+
+    # -- systemd ------------------------------------------------------------------------------
+
+    def units(self, names: list[str]) -> dict[str, dict[str, str]]:
+        return systemd.systemctl_show(names)
+
+    def systemctl(self, args: list[str], timeout: float = 60.0) -> dict[str, Any]:
+        return systemd.systemctl(args, timeout)
+
+    def journal(self, invocation_id: str, unit: str, lines: int) -> list[str]:
+        return systemd.journal_tail(invocation_id, unit, lines, self.redactor)
+
+    def unit_path(self, unit: str) -> str:
+        return os.path.join(self.unit_dir, unit)
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def processes(self) -> dict[int, dict[str, Any]]:
+        return procfs.process_table(self.devices_dir)
+
+    def listening_ports(self) -> set[int]:
+        return set(procfs.listening_sockets().values())
+
+    def cmdline(self, pid: int) -> list[str]:
+        return procfs.proc_cmdline(pid)
+
+    def environ(self, pid: int) -> dict[str, str] | None:
+        return procfs.proc_environ(pid)
+
+    def cgroup(self, pid: int) -> str:
+        return procfs.proc_cgroup(pid)
+
+    def user(self, pid: int) -> str | None:
+        uid = procfs.proc_uid(pid)
+        if uid is None:
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
+    def fds_readable(self, pid: int) -> bool:
+        return os.access(f"/proc/{pid}/fd", os.R_OK | os.X_OK)
+
+    def kill(self, targets: list[dict[str, Any]], grace: float) -> list[dict[str, Any]]:
+        return procfs.kill_with_escalation(targets, grace, self.redactor, self.poll)
+
+    # -- nvidia-smi ---------------------------------------------------------------------------
+
+    def gpus(self) -> dict[int, dict[str, Any]]:
+        return nvidia.query_gpus(self.nvidia_smi, self.nvidia_smi_timeout)
+
+    def compute_apps(self, uuid_to_index: dict[str, int]) -> list[dict[str, Any]]:
+        return nvidia.query_compute_apps(self.nvidia_smi, self.nvidia_smi_timeout, uuid_to_index)
+
+    # -- HTTP to the instances ----------------------------------------------------------------
+
+    def http(
+        self, url: str, timeout: float, api_key: str = "", body: dict[str, Any] | None = None
+    ) -> tuple[int | None, str]:
+        return http_client.http_request(url, timeout, api_key, body)
+
+    # -- files --------------------------------------------------------------------------------
+
+    def file_state(self, path: str) -> dict[str, Any]:
+        return file_state(path)
+
+    def write_file(self, path: str, content: str, mode: int) -> None:
+        write_atomic(path, content, mode)
+
+
+def parallel(func: Callable[[dict[str, Any]], dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run func over the instances at once (HTTP probes and waits are I/O bound)."""
+    results: list[Any] = [None] * len(items)
+
+    def worker(index: int, item: dict[str, Any]) -> None:
+        try:
+            results[index] = func(item)
+        except EvidenceError as exc:
+            results[index] = {"failed": True, "evidence_error": exc.to_dict(), "msg": exc.describe()}
+        except Exception as exc:
+            results[index] = {"failed": True, "msg": f"{type(exc).__name__}: {exc}"}
+
+    threads = [threading.Thread(target=worker, args=(i, item), daemon=True) for i, item in enumerate(items)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

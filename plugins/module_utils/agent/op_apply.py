@@ -1,0 +1,212 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Operation ``apply``: converge the host's desired state (system user, directories, files,
+daemon-reload, enable, start what is not running), never restarting a running instance."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+from typing import Any
+
+from .evidence import EvidenceError, run_cmd
+from .host import Host
+from .settings import process_evidence
+from .state import load_json, owner_ids, sha256, write_atomic
+from .systemd import identity, verify_unit_text
+
+
+def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """Converge the host's desired state: system user, directories, files (units, desired-state
+    records, helper scripts, the secrets file); daemon-reload when a unit changed; enable and
+    start instances that are not running. Never restarts a running instance: relaunching is
+    the retune plugin's job, with its checks."""
+    check = bool(req.get("check_mode"))
+    result: dict[str, Any] = {"changed": False, "files": [], "actions": [], "started": []}
+    for name in keep_running_as_last_good(req, host, check):
+        result["changed"] = True
+        result["actions"].append(f"keep the settings {name} runs now as its last good settings")
+    if req.get("user"):
+        user = ensure_user(req["user"], check)
+        result["actions"] += user["actions"]
+        result["changed"] |= user["changed"]
+    for spec in req.get("directories", []):
+        path = spec["path"]
+        mode = int(spec.get("mode", "0755"), 8)
+        if not os.path.isdir(path):
+            result["changed"] = True
+            result["actions"].append(f"create directory {path}")
+            if not check:
+                os.makedirs(path, mode=mode, exist_ok=True)
+                uid, gid = owner_ids(spec.get("owner", "root"), spec.get("group", "root"))
+                os.chown(path, uid, gid)
+                os.chmod(path, mode)
+    unit_changed = False
+    for spec in req.get("files", []):
+        path = spec["path"]
+        content = spec["content"]
+        mode = int(spec.get("mode", "0644"), 8)
+        owner, group = spec.get("owner", "root"), spec.get("group", "root")
+        secret = bool(spec.get("secret"))
+        before = host.file_state(path)
+        content_changed = not before["exists"] or before["sha256"] != sha256(content.encode())
+        meta_changed = before["exists"] and (
+            before["mode"] != mode or (before["uid"], before["gid"]) != owner_ids(owner, group)
+        )
+        entry: dict[str, Any] = {"path": path, "changed": bool(content_changed or meta_changed)}
+        if content_changed and req.get("diff") and not secret:
+            entry["diff"] = {
+                "before_header": path,
+                "after_header": path,
+                "before": before.get("text", ""),
+                "after": content,
+            }
+        if content_changed and path.endswith(".service") and spec.get("verify", True) and not secret:
+            problem = verify_unit_text(os.path.basename(path), content)
+            if problem:
+                return {"failed": True, "msg": problem, "files": result["files"]}
+        if entry["changed"]:
+            result["changed"] = True
+            if path.endswith((".service", ".conf")) and path.startswith(host.unit_dir):
+                unit_changed = True
+            if not check:
+                write_atomic(path, content, mode, owner, group)
+        result["files"].append(entry)
+    if unit_changed:
+        result["actions"].append("systemctl daemon-reload")
+        if not check:
+            res = host.systemctl(["daemon-reload"])
+            if res["rc"] != 0:
+                return {"failed": True, "msg": f"daemon-reload failed: {res}", **result}
+    units = list(req.get("units", []))
+    if units and req.get("enable"):
+        for unit in units:
+            if host.systemctl(["is-enabled", unit], timeout=30)["stdout"].strip() != "enabled":
+                result["changed"] = True
+                result["actions"].append(f"enable {unit}")
+                if not check:
+                    res = host.systemctl(["enable", unit])
+                    if res["rc"] != 0:
+                        return {"failed": True, "msg": f"enable {unit} failed: {res}", **result}
+    if units and req.get("start"):
+        state = host.units(units) if not unit_changed or not check else {}
+        to_start = [
+            u for u in units if state.get(u, {}).get("ActiveState") not in ("active", "activating", "reloading")
+        ]
+        if to_start:
+            result["changed"] = True
+            result["started"] = to_start
+            result["actions"].append("start " + " ".join(to_start))
+            if not check:
+                # A deploy asks for these starts: clear a start-rate limit left by earlier failures
+                # (the unit's start guard still waits for free GPUs and port).
+                host.systemctl(["reset-failed", *to_start])
+                # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
+                res = host.systemctl(["start", *to_start], timeout=float(req.get("start_timeout", 3600)))
+                if res["rc"] != 0:
+                    host.load_secrets()  # this run may just have written the secrets file
+                    after = host.units(to_start)
+                    tails = {
+                        u: host.journal(after[u].get("InvocationID", ""), u, 25)
+                        for u in to_start
+                        if after[u].get("ActiveState") != "active"
+                    }
+                    return {
+                        "failed": True,
+                        "msg": f"starting {' '.join(to_start)} failed: rc={res['rc']} {res['stderr'].strip()}",
+                        "journal": tails,
+                        **result,
+                    }
+    return result
+
+
+def keep_running_as_last_good(req: dict[str, Any], host: Host, check: bool) -> list[str]:
+    """Before new settings overwrite an instance's unit, keep the settings it runs now as its last
+    good settings if none are recorded yet (the first change after a deploy), so that a retune
+    whose new settings fail has something to roll back to. Kept only on evidence that the old
+    unit is what runs: the unit is active (its start waited for /health), and its main process
+    has the command line and environment of the installed desired-settings record."""
+    specs = {spec["path"]: spec for spec in req.get("files", [])}
+    kept = []
+    for path, spec in specs.items():
+        if not host.state.is_desired_path(path):
+            continue
+        try:
+            new = json.loads(spec["content"])
+        except ValueError:
+            continue
+        name, unit = new.get("name"), new.get("unit")
+        if not isinstance(name, str) or not isinstance(unit, str):
+            continue
+        unit_path = host.unit_path(unit)
+        unit_spec = specs.get(unit_path)
+        before = host.file_state(unit_path)
+        if unit_spec is None or not before["exists"] or before["sha256"] == sha256(unit_spec["content"].encode()):
+            continue  # no unit yet, or it is not about to change
+        old = load_json(path)
+        if host.state.has_last_good(name) or not old or old.get("name") != name or not old.get("argv"):
+            continue
+        state = host.units([unit]).get(unit, {})
+        pid = identity(state)["main_pid"]
+        if state.get("ActiveState") != "active" or pid <= 0:
+            continue
+        running = process_evidence(old, host.cmdline(pid), host.environ(pid), host.redactor.argv)
+        if not running["argv_matches"] or running["env_mismatches"]:
+            continue
+        kept.append(name)
+        if not check:
+            host.state.write_last_good(dict(old, unit=unit), unit_path, before.get("text", ""))
+    return kept
+
+
+def ensure_user(spec: dict[str, Any], check_mode: bool) -> dict[str, Any]:
+    """A system user for the servers, in the groups that may open /dev/nvidia* (those that
+    exist here)."""
+    name = spec["name"]
+    groups = [g for g in spec.get("groups", []) if _group_exists(g)]
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        entry = None
+    changed = False
+    actions: list[str] = []
+    if entry is None:
+        changed = True
+        actions.append(f"create system user {name}")
+        if not check_mode:
+            argv = [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--home-dir",
+                spec["home"],
+                "--create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ]
+            if groups:
+                argv += ["--groups", ",".join(groups)]
+            rc, out, err = run_cmd([*argv, name])
+            if rc != 0:
+                raise EvidenceError(f"create user {name}", [*argv, name], rc, out, err)
+    else:
+        missing = [g for g in groups if name not in grp.getgrnam(g).gr_mem and grp.getgrnam(g).gr_gid != entry.pw_gid]
+        if missing:
+            changed = True
+            actions.append(f"add {name} to groups {','.join(missing)}")
+            if not check_mode:
+                argv = ["usermod", "--append", "--groups", ",".join(missing), name]
+                rc, out, err = run_cmd(argv)
+                if rc != 0:
+                    raise EvidenceError(f"add {name} to groups", argv, rc, out, err)
+    return {"changed": changed, "actions": actions}
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True

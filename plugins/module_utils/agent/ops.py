@@ -1,0 +1,47 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The agent's entry points: ``run`` (one operation on this host, as the modules call it) and
+``main`` (the request as JSON on stdin and the result on stdout, as in a container)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+from .evidence import EvidenceError
+from .host import Host
+from .op_apply import op_apply
+from .op_inspect import op_inspect
+from .op_start import op_record, op_start
+from .op_stop import op_release, op_stop
+
+AGENT_VERSION = 1
+
+OPS: dict[str, Callable[[dict[str, Any], Host], dict[str, Any]]] = {
+    "apply": op_apply,
+    "inspect": op_inspect,
+    "stop": op_stop,
+    "release": op_release,
+    "start": op_start,
+    "record": op_record,
+}
+
+
+def run(req: dict[str, Any], host: Host | None = None) -> dict[str, Any]:
+    """One operation; ``host`` replaces the real host (unit tests)."""
+    op = req.get("op")
+    if op not in OPS:
+        return {"failed": True, "msg": f"unknown agent operation {op!r}"}
+    try:
+        result = OPS[op](req, host or Host(req))
+    except EvidenceError as exc:
+        return {"failed": True, "msg": exc.describe(), "evidence_error": exc.to_dict()}
+    result.setdefault("agent_version", AGENT_VERSION)
+    return result
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    json.dump(run(request), sys.stdout)
+    sys.stdout.write("\n")
