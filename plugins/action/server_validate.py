@@ -10,20 +10,13 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import (
-    DEPLOY_VARIABLES,
-    deployment_fields,
-)
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
-    HOST_VARIABLES,
-    ServerArgsError,
-    resolve_instances,
-)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
 
 display = Display()
 
 
-class ActionModule(ActionBase):  # type: ignore[misc]  # ansible-core ships no type information
+class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
     _supports_check_mode = True
@@ -37,16 +30,13 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible-core ships no t
 
         # Inventory values may hold templates ("{{ model_root }}/Qwen3"); resolve them the way tasks see them.
         templar = self._templar.copy_with_new_env(available_variables=task_vars)
-        names = HOST_VARIABLES + DEPLOY_VARIABLES
-        hostvars = {name: templar.template(task_vars[name]) for name in names if name in task_vars}
+        hostvars = {name: templar.template(task_vars[name]) for name in HOST_VARIABLES if name in task_vars}
 
         try:
             instances = resolve_instances(hostname, hostvars)
         except ServerArgsError as exc:
             result.update(failed=True, changed=False, msg=str(exc), problems=exc.problems)
             return result
-        for instance in instances:
-            instance.update(deployment_fields(instance, hostvars))
 
         for warning in dict.fromkeys(w for instance in instances for w in instance["warnings"]):
             display.warning(warning)

@@ -12,8 +12,8 @@ description:
     settings layers C(sglang_server_args) < C(sglang_server_host_args) < instance C(args) (C(null) removes a
     setting), validates everything against the host's SGLang version and returns each instance with its argv,
     environment and fingerprint.
-  - The same function backs the M(sglang_ops.fleet.server_validate) action; use that action in plays, this
-    filter where a template or C(set_fact) needs the data.
+  - Returns exactly what the M(sglang_ops.fleet.server_validate) action returns as C(instances), from the same
+    function; use that action in plays, this filter where a template or C(set_fact) needs the data.
   - Any problem fails with one message listing every problem of the host, each naming the instance and the
     variable path to fix.
 positional: _input, hostname
@@ -39,7 +39,8 @@ RETURN = r"""
 _value:
   description:
     - One mapping per instance with the keys name, unit, gpus, port, container, version, flag_table, args,
-      args_unchecked, argv, env, warnings and fingerprint.
+      args_unchecked, argv, env, warnings, fingerprint, http_host, health_url, self_sigkill_on_stop,
+      expected_server_info, user and served_model_name (described in M(sglang_ops.fleet.server_validate)).
   type: list
   elements: dict
 """
@@ -50,9 +51,9 @@ from typing import Any  # noqa: E402
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import (  # noqa: E402
     HOST_VARIABLES,
-    ServerArgsError,
     resolve_instances,
 )
 

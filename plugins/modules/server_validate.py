@@ -34,7 +34,11 @@ notes:
     C(sglang_server_model_path), C(sglang_server_served_model_name), C(sglang_server_listen_host),
     C(sglang_server_base_port), C(sglang_server_gpu_count), C(sglang_server_instances),
     C(sglang_server_lxc_container), C(sglang_server_args), C(sglang_server_host_args),
-    C(sglang_server_args_unchecked), C(sglang_server_env) and C(sglang_server_host_env).
+    C(sglang_server_args_unchecked), C(sglang_server_env), C(sglang_server_host_env), C(sglang_server_user),
+    and of C(sglang_server_api_key) and C(sglang_server_secret_env) only whether they are set and the secret
+    names (no secret value enters the result). Unset variables take the server role's defaults, also where the
+    role is not applied.
+  - The filter P(sglang_ops.fleet.server_instances#filter) returns the same instances, from the same function.
 seealso:
   - plugin: sglang_ops.fleet.server_instances
     plugin_type: filter

@@ -1,7 +1,10 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
 """What the server role and the retune plugin need beyond the resolved launch settings: the
-command line as the unit runs it, where to reach the instance, and what to expect from it."""
+command line as the unit runs it, where to reach the instance, and what to expect from it.
+
+:func:`deployment_fields` is one step of :func:`._instances.resolve_host`, which makes every
+resolved instance."""
 
 from __future__ import annotations
 
@@ -9,17 +12,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import version_key
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
     expected_server_info,
     fingerprint,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._role_defaults import ROLE_DEFAULTS
 
+# The role's _sglang_server_libexec (roles/server/vars/main.yml), where it installs the launcher;
+# tests/unit/plugins/plugin_utils/test_role_defaults.py holds the two equal.
 LIBEXEC = "/usr/local/libexec/sglang-fleet"
 LAUNCHER = f"{LIBEXEC}/sglang-fleet-launch"
-DEFAULT_USER = "sglang"
 # Up to 0.5.18 SGLang ends a clean, drained stop by SIGKILLing itself (sglang.md §2.3).
 FIRST_CLEAN_EXIT = (0, 5, 19)
-# Host variables read here, on top of the ones the resolver reads.
+# Host variables read here, on top of the ones the launch settings come from.
 DEPLOY_VARIABLES: tuple[str, ...] = ("sglang_server_api_key", "sglang_server_secret_env", "sglang_server_user")
 
 
@@ -33,7 +38,8 @@ def loopback_for(listen_host: str | None) -> str:
 
 
 def deployment_fields(instance: Mapping[str, Any], hostvars: Mapping[str, Any]) -> dict[str, Any]:
-    """Fields added to a resolved instance.
+    """The fields of a resolved instance computed from its launch settings (``instance``: name,
+    port, version, flag_table, args, argv, env) and the host's secrets and user.
 
     With secrets (an API key, a token) the unit starts SGLang through the launcher, which adds
     ``--api-key`` inside the process and masks the secrets in the server's output, so they are
@@ -63,6 +69,6 @@ def deployment_fields(instance: Mapping[str, Any], hostvars: Mapping[str, Any]) 
         "health_url": f"http://{'[' + host + ']' if ':' in host else host}:{instance['port']}/health",
         "self_sigkill_on_stop": version_key(version) < FIRST_CLEAN_EXIT,
         "expected_server_info": expected_server_info(args, instance.get("flag_table") or version),
-        "user": hostvars.get("sglang_server_user") or DEFAULT_USER,
+        "user": hostvars.get("sglang_server_user") or ROLE_DEFAULTS["sglang_server_user"],
         "served_model_name": args.get("served_model_name"),
     }

@@ -17,15 +17,11 @@ from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import compare_server_info
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings import compare_server_info
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import SWITCH, load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._server_args import (
-    HOST_VARIABLES,
-    LAUNCH_MODULE,
-    expected_server_info,
-    resolve_instances,
-)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import LAUNCH_MODULE, expected_server_info
 
 INVENTORY = Path(__file__).resolve().parents[3] / "inventories" / "example" / "hosts.yml"
 
