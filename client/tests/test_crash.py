@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fleetkit import MotoServer, SimServer, cli, generate_args, read_records, start_cli, wait_for, write_prompts
 
-PROMPTS = 4000
+PROMPTS = 5000
 KILLS = 16
 
 
@@ -64,12 +64,15 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     ]
     log = tmp_path / "client.log"
     kills = 0
+    rounds = 0
+    stops = 0
     progressed = 0
     torn = 0
     while kills < KILLS:
         before = written_bytes(out) if out.exists() else 0
         proc = start_cli(*args, log=log)
-        mode = kills % 4
+        mode = rounds % 4
+        rounds += 1
         if mode == 0:
             time.sleep(rng.uniform(0.0, 0.6))  # during start-up: recovery, S3 adoption, probing
         else:
@@ -83,6 +86,11 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
         if mode == 3:
             proc.send_signal(signal.SIGTERM)  # killed again in the middle of its drain
             time.sleep(rng.uniform(0.0, 0.15))
+            if proc.poll() is not None and json.loads((out / "status.json").read_text())["state"] == "stopped":
+                # Drain and shutdown were over before the kill came: a clean stop, then the next round.
+                assert proc.returncode == 0
+                stops += 1
+                continue
         if proc.poll() is not None:
             break  # the job ended before this kill; counted below
         proc.send_signal(signal.SIGKILL)
@@ -96,7 +104,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
             with open(opened[-1], "ab") as f:
                 f.write(b'{"id":"q1","output":"half a rec')
             torn += 1
-    assert kills == KILLS, f"the job finished after {kills} kills; make it longer (seed {seed})"
+    assert kills == KILLS, f"the job finished after {kills} kills and {stops} clean stops; make it longer (seed {seed})"
     assert progressed >= KILLS // 2, "most kills must land while records are being written"
     final = cli(*args, timeout=300)
     assert final.returncode == 0, final.stderr

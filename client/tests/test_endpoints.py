@@ -6,6 +6,7 @@ import pytest
 from fake_openai import Behaviour, FakeServer
 from fleetkit import free_port
 
+from sglang_fleet.backoff import Backoff
 from sglang_fleet.endpoints import AdjustableLimiter, Endpoint, capacity_from_server_info
 
 
@@ -73,8 +74,7 @@ def _endpoint(url: str, override: int | str = "auto") -> Endpoint:
         factor=1.5,
         default_concurrency=5,
         connect_timeout=2,
-        backoff_base=0.05,
-        backoff_max=0.2,
+        backoff=Backoff(0.05, 0.2),
     )
 
 

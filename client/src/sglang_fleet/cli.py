@@ -9,20 +9,26 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import MISSING
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 from sglang_fleet import __version__
 from sglang_fleet.config import (
+    S3_CONNECTION_GROUP,
+    SETTING,
+    SETTINGS,
     ConfigError,
     S3Config,
+    Setting,
     build_config,
     load_file,
     normalise_endpoint,
     parse_concurrency,
 )
+from sglang_fleet.control import CONTROL_POLL_S, EXIT_USAGE
 from sglang_fleet.fsutil import atomic_write_json
-from sglang_fleet.generate import EXIT_USAGE, Generator, load_api_key
+from sglang_fleet.generate import Generator, load_api_key
 from sglang_fleet.ids import ShardSpec
 from sglang_fleet.prompts import PromptFileError
 from sglang_fleet.s3sync import S3Sync, describe_error, make_client
@@ -70,12 +76,46 @@ def _kv(text: str) -> tuple[str, Any]:
     return key, _json_arg(value)
 
 
+def _add_setting(container: Any, s: Setting, *, with_default: bool = False, **extra: Any) -> None:
+    """The flag of one setting, from the settings table. Without ``with_default`` an absent flag
+    reads as None, so that the config file's value (or the default) stands."""
+    assert s.flag is not None
+    kw: dict[str, Any] = {"dest": s.dest}
+    default = s.default if with_default else None
+    help_text = s.help
+    if not isinstance(s.default, bool | dict | list) and s.default not in (None, MISSING):
+        help_text += f" (default: {s.default})"
+    if s.value_types == (bool,):
+        # A setting that may be None is three-way (None: leave it to the server), so it gets --no-X too.
+        kw["action"] = argparse.BooleanOptionalAction if s.optional else "store_const"
+        if not s.optional:
+            kw["const"] = True
+    else:
+        (tp, *more) = s.value_types
+        if not more and get_origin(tp) is list:
+            kw["action"] = "append"
+        elif not more and tp in (int, float, Path):
+            kw["type"] = tp
+        if s.choices:
+            kw["choices"] = list(s.choices)
+        if s.metavar:
+            kw["metavar"] = s.metavar
+    kw.update(default=None if default is MISSING else default, help=help_text or None)
+    kw.update(extra)
+    container.add_argument(s.flag, **kw)
+
+
 def _add_s3_client_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("S3 connection (credentials: boto3's standard chain)")
-    g.add_argument("--s3-endpoint-url", help="S3-compatible store, e.g. http://minio:9000")
-    g.add_argument("--s3-region")
-    g.add_argument("--s3-profile", help="profile from the shared AWS config")
-    g.add_argument("--s3-addressing-style", choices=["path", "virtual", "auto"])
+    g = p.add_argument_group(S3_CONNECTION_GROUP)
+    for s in SETTINGS:
+        if s.group == S3_CONNECTION_GROUP:
+            _add_setting(g, s)
+
+
+def _s3_config(a: argparse.Namespace) -> S3Config:
+    """The S3 settings a command's flags give (the others keep their defaults)."""
+    given = {s.name: getattr(a, s.dest) for s in SETTINGS if s.section == "s3" and hasattr(a, s.dest)}
+    return S3Config(**given)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,18 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="send prompts to the endpoints and write completions (resumable)")
     g.add_argument("--config", type=Path, help="YAML or JSON file; flags override it")
-    g.add_argument("--prompts", type=Path, help="JSONL: {id?, messages | prompt, params?} per line")
-    g.add_argument("--output", type=Path, help="output directory (shards, failures, state)")
-    g.add_argument(
-        "--endpoint",
-        dest="endpoints",
-        action="append",
-        metavar="URL",
-        help="OpenAI-compatible server, e.g. http://127.0.0.1:30000 (repeatable)",
-    )
-    g.add_argument("--api", choices=["chat", "completions"])
-    g.add_argument("--model")
-    s = g.add_argument_group("sampling")
+    groups: dict[str, Any] = {"": g, "sampling": g.add_argument_group("sampling")}
+    # Shortcuts for the commonest keys of the ``sampling`` mapping.
+    s = groups["sampling"]
     s.add_argument("--temperature", type=float)
     s.add_argument("--top-p", type=float)
     s.add_argument("--top-k", type=int)
@@ -121,64 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=JSON",
         help="any other request field, e.g. --param 'stop=[\"</answer>\"]' (repeatable)",
     )
-    s.add_argument(
-        "--seed-per-prompt",
-        action="store_const",
-        const=True,
-        help="seed each prompt with seed + a hash of its id (reproducible on any host)",
-    )
-    r = g.add_argument_group("reasoning")
-    r.add_argument("--separate-reasoning", action=argparse.BooleanOptionalAction, default=None)
-    r.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None)
-    r.add_argument("--reasoning-effort")
-    r.add_argument("--split-think-tags", action="store_const", const=True)
-    g.add_argument(
-        "--include-input", action="store_const", const=True, help="copy each prompt's messages/prompt into its record"
-    )
-    g.add_argument("--api-key-env", help="environment variable holding the API key (default SGLANG_API_KEY)")
-    c = g.add_argument_group("concurrency and retries")
-    c.add_argument("--concurrency", help="requests in flight per endpoint: N, or auto (from /server_info)")
-    c.add_argument("--concurrency-factor", type=float, help="auto concurrency = server capacity x this")
-    c.add_argument("--default-concurrency", type=int, help="auto concurrency when the server does not say")
-    c.add_argument("--request-timeout", type=float)
-    c.add_argument("--connect-timeout", type=float)
-    c.add_argument("--max-attempts", type=int)
-    c.add_argument("--backoff-base", type=float)
-    c.add_argument("--backoff-max", type=float)
-    c.add_argument("--startup-timeout", type=float, help="how long to wait for a first endpoint to be ready")
-    c.add_argument("--max-consecutive-failures", type=int)
-    o = g.add_argument_group("output")
-    o.add_argument("--shard", help="i/n: this host's share of the prompts (numbered from 0)")
-    o.add_argument("--shard-records", type=int)
-    o.add_argument("--shard-seconds", type=float)
-    o.add_argument("--fsync", choices=["always", "interval", "never"])
-    o.add_argument("--fsync-interval", type=float)
-    o.add_argument("--drain-timeout", type=float, help="on SIGTERM, wait this long for requests in flight")
-    o.add_argument("--status-file", type=Path)
-    o.add_argument("--status-interval", type=float)
-    o.add_argument("--control-file", type=Path)
-    o.add_argument("--progress", choices=["auto", "bar", "log", "off"])
-    o.add_argument("--progress-interval", type=float)
-    o.add_argument(
-        "--retry-failed", action="store_const", const=True, help="try the prompts in the failures file again"
-    )
-    s3 = g.add_argument_group("S3")
-    s3.add_argument("--s3", dest="s3_uri", metavar="URI", help="s3://bucket/prefix to upload closed shards to")
-    s3.add_argument(
-        "--s3-delete-local", action="store_const", const=True, help="delete local shards once S3 holds a verified copy"
-    )
-    s3.add_argument("--s3-sync-interval", type=float)
-    s3.add_argument("--s3-final-sync-timeout", type=float)
-    s3.add_argument("--s3-stop-sync-timeout", type=float)
-    s3.add_argument("--s3-multipart-threshold-mb", type=int)
-    s3.add_argument("--s3-part-size-mb", type=int)
-    _add_s3_client_args(g)
+    for setting in SETTINGS:
+        if setting.flag is not None:
+            if setting.group not in groups:
+                groups[setting.group] = g.add_argument_group(setting.group)
+            _add_setting(groups[setting.group], setting)
 
     v = sub.add_parser("verify", help="check that every prompt id appears exactly once")
     v.add_argument("--prompts", type=Path, required=True)
     src = v.add_mutually_exclusive_group(required=True)
     src.add_argument("--output", type=Path, action="append", help="output directory (repeatable)")
-    src.add_argument("--s3", dest="s3_uri", metavar="URI")
+    _add_setting(src, SETTING["s3.uri"], help="s3://bucket/prefix of the job")
     v.add_argument("--shard", help="check only host shard i/n")
     v.add_argument("--index-only", action="store_true", help="with --s3: read the id indexes, not the shards")
     v.add_argument("--show", type=int, default=20, help="ids to list per problem (default 20)")
@@ -187,10 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     y = sub.add_parser("sync", help="upload closed shards now (when no generate is running)")
     y.add_argument("--output", type=Path, required=True)
-    y.add_argument("--s3", dest="s3_uri", metavar="URI", required=True)
-    y.add_argument("--s3-delete-local", action="store_true")
-    y.add_argument("--s3-multipart-threshold-mb", type=int, default=64)
-    y.add_argument("--s3-part-size-mb", type=int, default=16)
+    _add_setting(y, SETTING["s3.uri"], required=True)
+    for name in ("delete_local", "multipart_threshold_mb", "part_size_mb"):
+        _add_setting(y, SETTING[f"s3.{name}"], with_default=True)
     _add_s3_client_args(y)
 
     k = sub.add_parser("control", help="change a running client's concurrency, or pause it")
@@ -213,62 +196,10 @@ def _generate_overrides(a: argparse.Namespace) -> dict[str, Any]:
         k: getattr(a, k) for k in ("temperature", "top_p", "top_k", "max_tokens", "seed") if getattr(a, k) is not None
     }
     sampling.update(dict(a.param))
-    s3: dict[str, Any] = {
-        "uri": a.s3_uri,
-        "endpoint_url": a.s3_endpoint_url,
-        "region": a.s3_region,
-        "profile": a.s3_profile,
-        "addressing_style": a.s3_addressing_style,
-        "delete_local": a.s3_delete_local,
-        "sync_interval": a.s3_sync_interval,
-        "final_sync_timeout": a.s3_final_sync_timeout,
-        "stop_sync_timeout": a.s3_stop_sync_timeout,
-        "multipart_threshold_mb": a.s3_multipart_threshold_mb,
-        "part_size_mb": a.s3_part_size_mb,
-    }
-    out: dict[str, Any] = {
-        "sampling": sampling,
-        "reasoning": {
-            "separate": a.separate_reasoning,
-            "enable_thinking": a.enable_thinking,
-            "effort": a.reasoning_effort,
-            "split_think_tags": a.split_think_tags,
-        },
-        "s3": s3,
-    }
-    for key in (
-        "prompts",
-        "output",
-        "endpoints",
-        "api",
-        "model",
-        "seed_per_prompt",
-        "include_input",
-        "api_key_env",
-        "concurrency",
-        "concurrency_factor",
-        "default_concurrency",
-        "request_timeout",
-        "connect_timeout",
-        "max_attempts",
-        "backoff_base",
-        "backoff_max",
-        "startup_timeout",
-        "max_consecutive_failures",
-        "shard",
-        "shard_records",
-        "shard_seconds",
-        "fsync",
-        "fsync_interval",
-        "drain_timeout",
-        "status_file",
-        "status_interval",
-        "control_file",
-        "progress",
-        "progress_interval",
-        "retry_failed",
-    ):
-        out[key] = getattr(a, key)
+    out: dict[str, Any] = {"sampling": sampling, "reasoning": {}, "s3": {}}
+    for s in SETTINGS:
+        if s.flag is not None:
+            (out[s.section] if s.section else out)[s.name] = getattr(a, s.dest)
     return out
 
 
@@ -285,15 +216,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _s3_client(a: argparse.Namespace) -> Any:
-    return make_client(
-        S3Config(
-            uri=a.s3_uri,
-            endpoint_url=a.s3_endpoint_url,
-            region=a.s3_region,
-            profile=a.s3_profile,
-            addressing_style=a.s3_addressing_style,
-        )
-    )
+    return make_client(_s3_config(a))
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
@@ -340,17 +263,7 @@ def cmd_sync(a: argparse.Namespace) -> int:
         log.error("%s (a running generate uploads by itself)", e)
         return 5
     try:
-        cfg = S3Config(
-            uri=a.s3_uri,
-            endpoint_url=a.s3_endpoint_url,
-            region=a.s3_region,
-            profile=a.s3_profile,
-            addressing_style=a.s3_addressing_style,
-            delete_local=a.s3_delete_local,
-            multipart_threshold_mb=a.s3_multipart_threshold_mb,
-            part_size_mb=a.s3_part_size_mb,
-        )
-        sync = S3Sync(cfg, store)
+        sync = S3Sync(_s3_config(a), store)
         n = sync.sync_once()
     except Exception as e:
         log.error("s3: %s", describe_error(e))
@@ -402,7 +315,7 @@ def cmd_control(a: argparse.Namespace) -> int:
         elif a.output and (a.output / ".state" / "lock").exists():
             print(f"wrote {path}; no client running (it is read at the next start)")
         else:
-            print(f"wrote {path}; the client reads it within 2 s")
+            print(f"wrote {path}; the client reads it within {CONTROL_POLL_S:g} s")
     print(json.dumps(current, indent=1))
     return 0
 

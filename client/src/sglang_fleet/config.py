@@ -12,10 +12,12 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import NoneType, UnionType
+from typing import Any, get_args, get_type_hints
 
+from sglang_fleet.backoff import Backoff
 from sglang_fleet.httpclient import split_base_url
 from sglang_fleet.ids import ShardSpec
 from sglang_fleet.store import FSYNC_POLICIES
@@ -25,73 +27,236 @@ class ConfigError(Exception):
     pass
 
 
+# The settings are defined once, here: each field's name, type and default, and in its metadata
+# (``doc``) the help text and the command-line flag. ``SETTINGS`` (below) lists them as a table; the CLI
+# derives its options from it, and a test checks the generation role's variables against it.
+_META_HELP = "help"
+_META_GROUP = "group"  # argument group of the flag in ``sglang-fleet generate --help``
+_META_FLAG = "flag"  # absent: derived from the name; None: config file only
+_META_METAVAR = "metavar"
+_META_CHOICES = "choices"
+
+
+def doc(
+    help: str,
+    *,
+    group: str = "",
+    flag: str | None = "",
+    metavar: str | None = None,
+    choices: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A setting's field metadata. ``flag``: "" derives it from the name, None means the setting is
+    read from the config file only."""
+    meta: dict[str, Any] = {_META_HELP: help, _META_GROUP: group, _META_METAVAR: metavar, _META_CHOICES: choices}
+    if flag != "":
+        meta[_META_FLAG] = flag
+    return meta
+
+
+_REASONING_GROUP = "reasoning"
+_S3_GROUP = "S3"
+# The flags that verify and sync take too.
+S3_CONNECTION_GROUP = "S3 connection (credentials: boto3's standard chain)"
+
+
 @dataclass
 class ReasoningConfig:
-    # SGLang's ``separate_reasoning`` request field: reasoning comes back in ``reasoning_content``
-    # (needs the server's --reasoning-parser).
-    separate: bool | None = None
-    # Passed as ``chat_template_kwargs.enable_thinking`` (Qwen3, DeepSeek-V3.1 style templates).
-    enable_thinking: bool | None = None
-    # ``reasoning_effort`` (gpt-oss style): low, medium, high.
-    effort: str | None = None
-    # When the server returns no ``reasoning_content``, split ``<think>...</think>`` off the text.
-    split_think_tags: bool = False
+    separate: bool | None = field(
+        default=None,
+        metadata=doc(
+            "SGLang's separate_reasoning: reasoning in reasoning_content (needs the server's --reasoning-parser)",
+            group=_REASONING_GROUP,
+            flag="--separate-reasoning",
+        ),
+    )
+    enable_thinking: bool | None = field(
+        default=None,
+        metadata=doc(
+            "chat_template_kwargs.enable_thinking (Qwen3, DeepSeek-V3.1 style templates)", group=_REASONING_GROUP
+        ),
+    )
+    effort: str | None = field(
+        default=None,
+        metadata=doc(
+            "reasoning_effort (gpt-oss style): low, medium, high", group=_REASONING_GROUP, flag="--reasoning-effort"
+        ),
+    )
+    split_think_tags: bool = field(
+        default=False,
+        metadata=doc(
+            "split <think>...</think> off the text when the server returns no reasoning_content", group=_REASONING_GROUP
+        ),
+    )
 
 
 @dataclass
 class S3Config:
-    uri: str
-    endpoint_url: str | None = None
-    region: str | None = None
-    profile: str | None = None
-    addressing_style: str | None = None  # path | virtual | auto; path when endpoint_url is set
-    delete_local: bool = False
-    multipart_threshold_mb: int = 64
-    part_size_mb: int = 16
-    sync_interval: float = 30.0
-    final_sync_timeout: float = 0.0  # at the end of the job: 0 = until everything is uploaded
-    stop_sync_timeout: float = 10.0  # on SIGTERM: try this long, the rest goes at the next start
-    verify_etag: bool = True  # off for SSE-KMS/SSE-C stores, whose ETags are not MD5s
-    checksum: str | None = None  # botocore request_checksum_calculation: when_supported | when_required
-    storage_class: str | None = None
+    uri: str = field(
+        metadata=doc("s3://bucket/prefix to upload closed shards to", group=_S3_GROUP, flag="--s3", metavar="URI")
+    )
+    endpoint_url: str | None = field(
+        default=None,
+        metadata=doc("S3-compatible store, e.g. http://minio:9000 (path addressing then)", group=S3_CONNECTION_GROUP),
+    )
+    region: str | None = field(
+        default=None, metadata=doc("S3 region (default: boto3's chain)", group=S3_CONNECTION_GROUP)
+    )
+    profile: str | None = field(
+        default=None, metadata=doc("profile from the shared AWS config", group=S3_CONNECTION_GROUP)
+    )
+    addressing_style: str | None = field(
+        default=None,
+        metadata=doc(
+            "bucket addressing (default: path with an endpoint URL, else auto)",
+            group=S3_CONNECTION_GROUP,
+            choices=("path", "virtual", "auto"),
+        ),
+    )
+    delete_local: bool = field(
+        default=False, metadata=doc("delete local shards once S3 holds a verified copy", group=_S3_GROUP)
+    )
+    multipart_threshold_mb: int = field(
+        default=64, metadata=doc("shards this big or bigger go up in parts", group=_S3_GROUP)
+    )
+    part_size_mb: int = field(default=16, metadata=doc("size of a multipart upload's parts", group=_S3_GROUP))
+    sync_interval: float = field(
+        default=30.0, metadata=doc("seconds between upload passes (a closed shard starts one at once)", group=_S3_GROUP)
+    )
+    final_sync_timeout: float = field(
+        default=0.0,
+        metadata=doc(
+            "at the end of the job, seconds to keep uploading; 0: until everything is uploaded", group=_S3_GROUP
+        ),
+    )
+    stop_sync_timeout: float = field(
+        default=10.0,
+        metadata=doc("on SIGTERM, seconds to keep uploading; the rest goes at the next start", group=_S3_GROUP),
+    )
+    verify_etag: bool = field(
+        default=True, metadata=doc("off for SSE-KMS/SSE-C stores, whose ETags are not MD5s", flag=None)
+    )
+    checksum: str | None = field(
+        default=None,
+        metadata=doc("botocore request_checksum_calculation", flag=None, choices=("when_supported", "when_required")),
+    )
+    storage_class: str | None = field(default=None, metadata=doc("storage class of the uploaded objects", flag=None))
+
+
+_CONCURRENCY_GROUP = "concurrency and retries"
+_OUTPUT_GROUP = "output"
 
 
 @dataclass
 class GenerateConfig:
-    prompts: Path
-    output: Path
-    endpoints: list[str]
-    api: str = "chat"
-    model: str = "default"
-    sampling: dict[str, Any] = field(default_factory=dict)
-    reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    seed_per_prompt: bool = False
-    include_input: bool = False
-    api_key_env: str = "SGLANG_API_KEY"
-    concurrency: int | str | dict[str, int | str] = "auto"
-    concurrency_factor: float = 1.0
-    default_concurrency: int = 32
-    request_timeout: float = 3600.0
-    connect_timeout: float = 10.0
-    max_attempts: int = 4
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
-    startup_timeout: float = 600.0
-    max_consecutive_failures: int = 50
-    shard: ShardSpec = field(default_factory=lambda: ShardSpec(0, 1))
-    shard_records: int = 10_000
-    shard_seconds: float = 600.0
-    fsync: str = "interval"
-    fsync_interval: float = 1.0
-    drain_timeout: float = 60.0
-    status_interval: float = 5.0
-    progress: str = "auto"
-    progress_interval: float = 30.0
-    retry_failed: bool = False
-    control_file: Path | None = None
-    status_file: Path | None = None
-    s3: S3Config | None = None
+    prompts: Path = field(metadata=doc("JSONL: {id?, messages | prompt, params?} per line"))
+    output: Path = field(metadata=doc("output directory (shards, failures, state)"))
+    endpoints: list[str] = field(
+        metadata=doc(
+            "OpenAI-compatible server, e.g. http://127.0.0.1:30000 (repeatable)", flag="--endpoint", metavar="URL"
+        )
+    )
+    api: str = field(
+        default="chat",
+        metadata=doc("chat: /v1/chat/completions; completions: /v1/completions", choices=("chat", "completions")),
+    )
+    model: str = field(default="default", metadata=doc("the model field of each request"))
+    sampling: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("request fields such as temperature, top_p, max_tokens, seed", flag=None)
+    )
+    reasoning: ReasoningConfig = field(default_factory=ReasoningConfig, metadata=doc("reasoning options", flag=None))
+    extra_body: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("any other request fields, merged last", flag=None)
+    )
+    seed_per_prompt: bool = field(
+        default=False,
+        metadata=doc("seed each prompt with seed + a hash of its id (reproducible on any host)", group="sampling"),
+    )
+    include_input: bool = field(default=False, metadata=doc("copy each prompt's messages/prompt into its record"))
+    api_key_env: str = field(default="SGLANG_API_KEY", metadata=doc("environment variable holding the API key"))
+    concurrency: int | str | dict[str, int | str] = field(
+        default="auto",
+        metadata=doc("requests in flight per endpoint: N, or auto (from /server_info)", group=_CONCURRENCY_GROUP),
+    )
+    concurrency_factor: float = field(
+        default=1.0, metadata=doc("auto concurrency = server capacity x this", group=_CONCURRENCY_GROUP)
+    )
+    default_concurrency: int = field(
+        default=32, metadata=doc("auto concurrency when the server does not say", group=_CONCURRENCY_GROUP)
+    )
+    request_timeout: float = field(
+        default=3600.0,
+        metadata=doc("seconds one request may take before it counts as a failed attempt", group=_CONCURRENCY_GROUP),
+    )
+    connect_timeout: float = field(
+        default=10.0, metadata=doc("seconds to open a connection to an endpoint", group=_CONCURRENCY_GROUP)
+    )
+    max_attempts: int = field(
+        default=4,
+        metadata=doc("attempts per prompt for timeouts, 5xx and unreadable answers", group=_CONCURRENCY_GROUP),
+    )
+    backoff_base: float = field(
+        default=1.0,
+        metadata=doc(
+            "first retry delay of a request, seconds; doubles with each failure (with jitter)", group=_CONCURRENCY_GROUP
+        ),
+    )
+    backoff_max: float = field(
+        default=60.0,
+        metadata=doc("the longest wait of any backoff: retries, health probes, S3", group=_CONCURRENCY_GROUP),
+    )
+    startup_timeout: float = field(
+        default=600.0, metadata=doc("how long to wait for a first endpoint to be ready", group=_CONCURRENCY_GROUP)
+    )
+    max_consecutive_failures: int = field(
+        default=50,
+        metadata=doc(
+            "stop (exit 4) after this many prompts fail for good in a row; 0: never", group=_CONCURRENCY_GROUP
+        ),
+    )
+    shard: ShardSpec = field(
+        default_factory=lambda: ShardSpec(0, 1),
+        metadata=doc("i/n: this host's share of the prompts (numbered from 0)", group=_OUTPUT_GROUP),
+    )
+    shard_records: int = field(
+        default=10_000, metadata=doc("close a shard after this many records", group=_OUTPUT_GROUP)
+    )
+    shard_seconds: float = field(
+        default=600.0, metadata=doc("... or this many seconds after its first record", group=_OUTPUT_GROUP)
+    )
+    fsync: str = field(
+        default="interval", metadata=doc("when records are forced to disk", group=_OUTPUT_GROUP, choices=FSYNC_POLICIES)
+    )
+    fsync_interval: float = field(
+        default=1.0, metadata=doc("seconds between fsyncs with --fsync interval", group=_OUTPUT_GROUP)
+    )
+    drain_timeout: float = field(
+        default=60.0, metadata=doc("on SIGTERM, wait this long for requests in flight", group=_OUTPUT_GROUP)
+    )
+    status_interval: float = field(
+        default=5.0, metadata=doc("seconds between rewrites of the status file", group=_OUTPUT_GROUP)
+    )
+    progress: str = field(
+        default="auto",
+        metadata=doc(
+            "auto: a bar on a terminal, a log line otherwise",
+            group=_OUTPUT_GROUP,
+            choices=("auto", "bar", "log", "off"),
+        ),
+    )
+    progress_interval: float = field(
+        default=30.0, metadata=doc("seconds between progress log lines", group=_OUTPUT_GROUP)
+    )
+    retry_failed: bool = field(
+        default=False, metadata=doc("try the prompts in the failures file again", group=_OUTPUT_GROUP)
+    )
+    control_file: Path | None = field(default=None, metadata=doc("default: OUTPUT/control.json", group=_OUTPUT_GROUP))
+    status_file: Path | None = field(default=None, metadata=doc("default: OUTPUT/status.json", group=_OUTPUT_GROUP))
+    s3: S3Config | None = field(default=None, metadata=doc("upload closed shards (see the s3.* settings)", flag=None))
+
+    def backoff(self, base: float | None = None) -> Backoff:
+        """The retry schedule of one kind of wait. A wait may start from its own base, but its cap is
+        always ``backoff_max``."""
+        return Backoff(self.backoff_base if base is None else base, self.backoff_max)
 
     @property
     def control_path(self) -> Path:
@@ -115,6 +280,79 @@ class GenerateConfig:
                 v = str(v)
             out[f.name] = v
         return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table: a config-file key, and its flag when it has one."""
+
+    section: str  # "" for a top-level key, else the nested mapping it belongs to ("reasoning", "s3")
+    name: str
+    type: Any  # the resolved annotation
+    default: Any  # dataclasses.MISSING when the setting is required
+    help: str
+    group: str
+    flag: str | None
+    metavar: str | None
+    choices: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}" if self.section else self.name
+
+    @property
+    def dest(self) -> str:
+        """Attribute name of the flag's value in the parsed arguments."""
+        return f"{self.section}_{self.name}" if self.section else self.name
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    @property
+    def _union(self) -> tuple[Any, ...]:
+        return get_args(self.type) if isinstance(self.type, UnionType) else (self.type,)
+
+    @property
+    def value_types(self) -> tuple[Any, ...]:
+        """The annotation's types without ``None`` (which means "not set")."""
+        return tuple(t for t in self._union if t is not NoneType)
+
+    @property
+    def optional(self) -> bool:
+        return NoneType in self._union
+
+
+def _rows(cls: type, section: str) -> list[Setting]:
+    hints = get_type_hints(cls)
+    rows = []
+    for f in fields(cls):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        m = f.metadata
+        # S3 flags are --s3-NAME: verify and sync take some of them next to flags of their own.
+        flag = m.get(_META_FLAG, "--" + ("s3-" if section == "s3" else "") + f.name.replace("_", "-"))
+        rows.append(
+            Setting(
+                section,
+                f.name,
+                hints[f.name],
+                default,
+                m[_META_HELP],
+                m[_META_GROUP],
+                flag,
+                m[_META_METAVAR],
+                tuple(m[_META_CHOICES]),
+            )
+        )
+    return rows
+
+
+SETTINGS: tuple[Setting, ...] = (
+    *_rows(GenerateConfig, ""),
+    *_rows(ReasoningConfig, "reasoning"),
+    *_rows(S3Config, "s3"),
+)
+SETTING = {s.key: s for s in SETTINGS}
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -257,12 +495,15 @@ def parse_concurrency(v: Any, name: str = "concurrency") -> int | str:
 
 
 def validate(cfg: GenerateConfig) -> None:
-    if cfg.api not in ("chat", "completions"):
-        raise ConfigError(f"api must be 'chat' or 'completions', got {cfg.api!r}")
-    if cfg.fsync not in FSYNC_POLICIES:
-        raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}")
-    if cfg.progress not in ("auto", "bar", "log", "off"):
-        raise ConfigError("progress must be auto, bar, log or off")
+    for s in SETTINGS:
+        if not s.choices:
+            continue
+        owner = cfg if not s.section else getattr(cfg, s.section)
+        if owner is None:
+            continue
+        value = getattr(owner, s.name)
+        if value not in s.choices and not (value is None and s.optional):
+            raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, got {value!r}")
     if isinstance(cfg.concurrency, dict):
         cfg.concurrency = {
             (k if k == "*" else normalise_endpoint(str(k))): parse_concurrency(v, f"concurrency[{k}]")
@@ -299,7 +540,3 @@ def validate(cfg: GenerateConfig) -> None:
             raise ConfigError(f"s3.uri must look like s3://bucket/prefix, got {cfg.s3.uri!r}")
         if cfg.s3.multipart_threshold_mb < 5 or cfg.s3.part_size_mb < 5:
             raise ConfigError("S3 multipart sizes must be at least 5 MB (S3's smallest part)")
-        if cfg.s3.addressing_style not in (None, "path", "virtual", "auto"):
-            raise ConfigError("s3.addressing_style must be path, virtual or auto")
-        if cfg.s3.checksum not in (None, "when_supported", "when_required"):
-            raise ConfigError("s3.checksum must be when_supported or when_required")

@@ -12,13 +12,17 @@ import collections
 import contextlib
 import logging
 import math
-import random
 import time
 from typing import Any
 
+from sglang_fleet.backoff import Backoff
 from sglang_fleet.httpclient import HTTPError, HTTPPool
 
 log = logging.getLogger(__name__)
+
+# Health probes of a server that is down (or not up yet at start) are never further apart than
+# this, whatever backoff_max says: a relaunched server is back in use within seconds.
+PROBE_INTERVAL_MAX = 10.0
 
 
 class AdjustableLimiter:
@@ -100,8 +104,7 @@ class Endpoint:
         factor: float,
         default_concurrency: int,
         connect_timeout: float,
-        backoff_base: float,
-        backoff_max: float,
+        backoff: Backoff,
     ) -> None:
         self.url = url
         self.pool = HTTPPool(url, connect_timeout=connect_timeout)
@@ -116,8 +119,7 @@ class Endpoint:
         self.disabled_reason: str | None = None
         self._up = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
+        self.probe_backoff = backoff.capped(PROBE_INTERVAL_MAX)
         self.in_flight = 0
         self.completed = 0
         self.errors: collections.Counter[str] = collections.Counter()
@@ -223,7 +225,7 @@ class Endpoint:
         self._up.clear()
 
     async def _recover(self) -> None:
-        delay = self.backoff_base
+        delays = self.probe_backoff.delays()
         last_logged = time.monotonic()
         while self.state == "down":
             ok, reason = await self.probe()
@@ -237,8 +239,7 @@ class Endpoint:
             if now - last_logged > 60:
                 log.info("%s: still down (%s)", self.url, reason)
                 last_logged = now
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, self.backoff_max, 10.0)
+            await asyncio.sleep(next(delays))
 
     async def close(self) -> None:
         if self._probe_task is not None:

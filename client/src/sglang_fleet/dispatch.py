@@ -1,0 +1,299 @@
+"""Dispatch: the endpoints, one dispatcher per endpoint within its concurrency limit, and what
+becomes of each attempt (a record, a retry after backoff, a requeue, or a failure for good)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sglang_fleet.config import GenerateConfig
+from sglang_fleet.control import EXIT_ENDPOINTS, EXIT_FAILURES, EXIT_OK, FatalError, RunControl
+from sglang_fleet.endpoints import PROBE_INTERVAL_MAX, Endpoint
+from sglang_fleet.httpclient import ConnectError, ConnectionLost, HTTPError
+from sglang_fleet.openai_api import (
+    COMPACT_JSON,
+    AttemptError,
+    Kind,
+    RequestBuilder,
+    classify_status,
+    error_detail,
+    parse_response,
+)
+from sglang_fleet.progress import Stats
+from sglang_fleet.store import OutputStore
+from sglang_fleet.workqueue import WorkItem, WorkQueue
+
+log = logging.getLogger(__name__)
+
+_MAX_UNAVAILABLE = 50  # sends to a server that vanished before a prompt's requeues start counting
+
+
+class Dispatcher:
+    """Sends the queued prompts to the endpoints and writes what comes back.
+
+    Each prompt is sent by one request at a time: a retry is queued only once its attempt has
+    ended, so the record written is the one answer that came back."""
+
+    def __init__(
+        self,
+        cfg: GenerateConfig,
+        *,
+        api_key: str | None,
+        stats: Stats,
+        store: OutputStore,
+        work: WorkQueue,
+        control: RunControl,
+        endpoints: list[Endpoint],
+        rotate: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = headers
+        self.builder = RequestBuilder(cfg)
+        self.stats = stats
+        self.store = store
+        self.work = work
+        self.control = control
+        self.endpoints = endpoints
+        self._rotate = rotate  # closes the open shard once it is due (checked after each record)
+        self._retry = cfg.backoff()
+        self.inflight: set[asyncio.Task[None]] = set()
+        self._consecutive_failures = 0
+
+    # ------------------------------------------------------------------ endpoints
+    def make_endpoints(self) -> None:
+        conc = self.cfg.concurrency
+        for url in self.cfg.endpoints:
+            override = conc.get(url, conc.get("*", "auto")) if isinstance(conc, dict) else conc
+            self.endpoints.append(
+                Endpoint(
+                    url,
+                    headers=self._headers,
+                    override=override,
+                    factor=self.cfg.concurrency_factor,
+                    default_concurrency=self.cfg.default_concurrency,
+                    connect_timeout=self.cfg.connect_timeout,
+                    backoff=self.cfg.backoff(),
+                )
+            )
+
+    async def start_endpoints(self) -> None:
+        """Wait (up to startup_timeout) for at least one endpoint; the rest join when they come up."""
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        reasons: dict[str, str] = {}
+        # The probes at start follow the schedule of an endpoint that is down, from a shorter first wait.
+        delays = self.cfg.backoff(base=0.5).capped(PROBE_INTERVAL_MAX).delays()
+        while True:
+            results = await asyncio.gather(*(ep.probe() for ep in self.endpoints if ep.state == "starting"))
+            pending = [ep for ep in self.endpoints if ep.state == "starting"]
+            for ep, (ok, reason) in zip(pending, results, strict=True):
+                if ok:
+                    await ep.refresh_capacity()
+                    ep.mark_up()
+                    log.info("%s: up, concurrency %d", ep.url, ep.limiter.limit)
+                elif "API key" in reason:
+                    ep.disable(reason)
+                else:
+                    reasons[ep.url] = reason
+            if any(ep.is_up for ep in self.endpoints):
+                break
+            if all(ep.state == "disabled" for ep in self.endpoints):
+                raise FatalError(
+                    "no endpoint accepts the API key: "
+                    + "; ".join(f"{ep.url}: {ep.disabled_reason}" for ep in self.endpoints),
+                    EXIT_ENDPOINTS,
+                )
+            if time.monotonic() >= deadline:
+                detail = "; ".join(f"{u}: {r}" for u, r in reasons.items())
+                raise FatalError(f"no endpoint reachable after {self.cfg.startup_timeout:g}s: {detail}", EXIT_ENDPOINTS)
+            if await self.control.sleep_or_stop(min(next(delays), max(0.0, deadline - time.monotonic()))):
+                raise FatalError("stopped while waiting for endpoints", EXIT_OK)
+        for ep in self.endpoints:
+            if ep.state == "starting":
+                ep.mark_down(reasons.get(ep.url, "not ready at start"))
+
+    # ------------------------------------------------------------------ sending
+    async def dispatch(self, ep: Endpoint) -> None:
+        control = self.control
+        while not control.stop.is_set():
+            if not ep.is_up:
+                if ep.state == "disabled":
+                    return
+                await ep.wait_up()
+                continue
+            if control.paused:
+                await control.wait_unpaused()
+                continue
+            await ep.limiter.acquire()
+            try:
+                item = await self.work.get()
+            except BaseException:
+                ep.limiter.release()
+                raise
+            if item is None:
+                ep.limiter.release()
+                return
+            if not ep.is_up or control.paused or control.stop.is_set():
+                self.work.requeue(item, 0.0)
+                self.work.done_with()
+                ep.limiter.release()
+                continue
+            task = asyncio.create_task(self._run_one(ep, item))
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+            if len(self.endpoints) > 1:
+                # Without a yield here, the first endpoint's dispatcher would take every queued
+                # prompt while it has free slots, and the others would wait for the next batch.
+                await asyncio.sleep(0)
+
+    async def drain(self) -> None:
+        """Let the requests in flight finish, up to drain_timeout (or a second stop signal)."""
+        if self.inflight:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.drain_timeout):
+                    drain: asyncio.Future[Any] = asyncio.gather(*list(self.inflight), return_exceptions=True)
+                    hard: asyncio.Future[Any] = asyncio.create_task(self.control.hard_stop.wait())
+                    await asyncio.wait([drain, hard], return_when=asyncio.FIRST_COMPLETED)
+                    hard.cancel()
+        left = [t for t in self.inflight if not t.done()]
+        if left:
+            log.warning("drain deadline: abandoning %d request(s); they are sent again at the next start", len(left))
+            for t in left:
+                t.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+    async def _run_one(self, ep: Endpoint, item: WorkItem) -> None:
+        ep.in_flight += 1
+        try:
+            await self._attempt(ep, item)
+        finally:
+            ep.in_flight -= 1
+            ep.limiter.release()
+            self.work.done_with()
+
+    async def _attempt(self, ep: Endpoint, item: WorkItem) -> None:
+        body = self.builder.body(item.prompt)
+        item.sends += 1
+        started_wall = time.time()
+        t0 = time.monotonic()
+        try:
+            try:
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    resp = await ep.pool.request("POST", self.builder.path, body=body, headers=self._headers)
+            except TimeoutError:
+                raise AttemptError(Kind.RETRY, f"no answer within {self.cfg.request_timeout:g}s") from None
+            except (ConnectError, ConnectionLost) as e:
+                raise AttemptError(Kind.UNAVAILABLE, str(e)) from None
+            except HTTPError as e:
+                raise AttemptError(Kind.RETRY, f"bad HTTP answer: {e}") from None
+            if resp.status != 200:
+                raise AttemptError(
+                    classify_status(resp.status), f"HTTP {resp.status}: {error_detail(resp.body)}", resp.status
+                )
+            try:
+                data = resp.json()
+            except ValueError:
+                raise AttemptError(Kind.RETRY, "answer is not JSON") from None
+            comp = parse_response(self.cfg.api, data, split_think_tags=self.cfg.reasoning.split_think_tags)
+        except AttemptError as err:
+            self._on_error(ep, item, err)
+            return
+        latency = time.monotonic() - t0
+        record: dict[str, Any] = {
+            "id": item.prompt.id,
+            "output": comp.output,
+            "reasoning_content": comp.reasoning,
+            "finish_reason": comp.finish_reason,
+            "usage": comp.usage,
+            "endpoint": ep.url,
+            "model": comp.model,
+            "attempts": item.sends,
+            "timings": {
+                "started": round(started_wall, 3),
+                "finished": round(started_wall + latency, 3),
+                "latency_s": round(latency, 4),
+                "queued_s": round(t0 - item.enqueued, 4),
+            },
+        }
+        if self.cfg.include_input:
+            record["input"] = item.prompt.messages if item.prompt.messages is not None else item.prompt.text
+        line = COMPACT_JSON.encode(record).encode("utf-8", "surrogatepass") + b"\n"
+        self.store.append_record(item.prompt.id, line)
+        self.stats.succeeded += 1
+        ep.completed += 1
+        self._consecutive_failures = 0
+        if comp.usage:
+            self.stats.prompt_tokens += int(comp.usage.get("prompt_tokens") or 0)
+            self.stats.completion_tokens += int(comp.usage.get("completion_tokens") or 0)
+            self.stats.reasoning_tokens += int(comp.usage.get("reasoning_tokens") or 0)
+        if self.store.rotation_due():
+            self._rotate()
+
+    def _on_error(self, ep: Endpoint, item: WorkItem, err: AttemptError) -> None:
+        ep.errors[err.kind.value] += 1
+        self.stats.errors[err.kind.value] += 1
+        item.last_error = err.reason
+        cfg = self.cfg
+        if err.kind is Kind.UNAVAILABLE:
+            ep.mark_down(err.reason)
+            item.unavailable += 1
+            self.stats.requeued_unavailable += 1
+            if item.unavailable <= _MAX_UNAVAILABLE:
+                self.work.requeue(item, 0.0)
+                return
+            item.unavailable = 0
+        elif err.kind is Kind.THROTTLED:
+            self.work.requeue(item, self._retry.delay(item.sends))
+            return
+        elif err.kind is Kind.ENDPOINT:
+            ep.disable(err.reason)
+            self.work.requeue(item, 0.0)
+            if all(e.state == "disabled" for e in self.endpoints):
+                self.control.fail(
+                    FatalError(
+                        "every endpoint refused the requests: "
+                        + "; ".join(f"{e.url}: {e.disabled_reason}" for e in self.endpoints),
+                        EXIT_ENDPOINTS,
+                    ),
+                    "no usable endpoint",
+                )
+            return
+        item.attempts += 1
+        if err.kind is Kind.RETRY and item.attempts < cfg.max_attempts:
+            self.stats.retries += 1
+            log.debug("%s: %s (attempt %d of %d)", item.prompt.id, err.reason, item.attempts, cfg.max_attempts)
+            self.work.requeue(item, self._retry.delay(item.attempts))
+            return
+        self._record_failure(ep, item, err)
+
+    def _record_failure(self, ep: Endpoint, item: WorkItem, err: AttemptError) -> None:
+        record = {
+            "id": item.prompt.id,
+            "error": err.reason,
+            "kind": err.kind.value,
+            "status": err.status,
+            "attempts": item.sends,
+            "endpoint": ep.url,
+            "failed_at": round(time.time(), 3),
+        }
+        line = COMPACT_JSON.encode(record).encode("utf-8", "surrogatepass") + b"\n"
+        self.store.append_failure(item.prompt.id, line)
+        self.stats.failed += 1
+        log.warning("%s failed for good after %d attempt(s): %s", item.prompt.id, item.sends, err.reason)
+        self._consecutive_failures += 1
+        limit = self.cfg.max_consecutive_failures
+        if limit and self._consecutive_failures >= limit and self.control.fatal is None:
+            self.control.fail(
+                FatalError(
+                    f"{self._consecutive_failures} prompts failed in a row (last: {err.reason}); stopping, since "
+                    "this usually means a bad request setting. Fix it, then run again with --retry-failed",
+                    EXIT_FAILURES,
+                ),
+                "too many failures",
+            )
