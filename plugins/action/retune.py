@@ -10,35 +10,11 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Options, Retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import ARGUMENT_SPEC, Options
 
 display = Display()
 
-ARGUMENT_SPEC: dict[str, Any] = {
-    "instances": {"type": "list", "elements": "dict", "required": True},
-    "wave_size": {"type": "int", "default": 0},
-    "canary": {"type": "raw", "default": True},
-    "stop_timeout": {"type": "float", "default": 120.0},
-    "kill_timeout": {"type": "float", "default": 10.0},
-    "release_timeout": {"type": "float", "default": 300.0},
-    "release_threshold_mib": {"type": "int", "default": 1024},
-    "start_timeout": {"type": "float", "default": 1800.0},
-    "health_timeout": {"type": "float", "default": 120.0},
-    "min_max_running_requests": {"type": "int"},
-    "smoke_requests": {"type": "int", "default": 2},
-    "rollback": {"type": "bool", "default": True},
-    "force": {"type": "bool", "default": False},
-    "only": {"type": "list", "elements": "str"},
-    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
-    "nvidia_smi_timeout": {"type": "float", "default": 20.0},
-    "devices_dir": {"type": "path", "default": "/dev"},
-    "secrets_file": {"type": "path", "default": "/etc/sglang-fleet/secrets.env"},
-    "state_dir": {"type": "path", "default": "/var/lib/sglang-fleet"},
-    "desired_dir": {"type": "path", "default": "/etc/sglang-fleet/instances"},
-    "poll_interval": {"type": "float", "default": 0.5},
-    "http_timeout": {"type": "float", "default": 30.0},
-    "pct": {"type": "str", "default": "pct"},
-}
 
 PHASE_MODULE = "sglang_ops.fleet.retune_phase"
 
@@ -64,30 +40,7 @@ class ActionModule(ActionBase):
                 result.update(failed=True, msg=f"only: unknown instance(s) {unknown}")
                 return result
             instances = [i for i in instances if i["name"] in args["only"]]
-        options = Options(
-            wave_size=args["wave_size"],
-            canary=args["canary"],
-            stop_timeout=args["stop_timeout"],
-            kill_timeout=args["kill_timeout"],
-            release_timeout=args["release_timeout"],
-            release_threshold_mib=args["release_threshold_mib"],
-            start_timeout=args["start_timeout"],
-            health_timeout=args["health_timeout"],
-            min_max_running_requests=args["min_max_running_requests"],
-            smoke_requests=args["smoke_requests"],
-            rollback=args["rollback"],
-            force=args["force"],
-            agent={
-                "nvidia_smi": args["nvidia_smi"],
-                "nvidia_smi_timeout": args["nvidia_smi_timeout"],
-                "devices_dir": args["devices_dir"],
-                "secrets_file": args["secrets_file"],
-                "state_dir": args["state_dir"],
-                "desired_dir": args["desired_dir"],
-                "poll_interval": args["poll_interval"],
-                "http_timeout": args["http_timeout"],
-            },
-        )
+        options = Options.from_args(args)
         managed = [{"unit": i["unit"], "container": i.get("container")} for i in args["instances"]]
         # The run's host lock (sglang_ops.fleet.host_lock): every phase that acts proves it ours.
         lock_run_id = (task_vars.get("sglang_fleet_lock") or {}).get("run_id")

@@ -3,6 +3,8 @@
 # Apache License 2.0 (see LICENSE)
 # Documentation of the sglang_ops.fleet.retune action plugin (the work is done on the controller
 # by plugins/action/retune.py, which runs sglang_ops.fleet.retune_phase on the host).
+# ansible-doc reads this YAML as text; the options' names, types and defaults are those of the
+# option table (plugins/plugin_utils/_retune_options.py), as a unit test checks.
 
 from __future__ import annotations
 
@@ -59,9 +61,12 @@ options:
     type: raw
     default: true
   stop_timeout:
-    description: Seconds for the unit to stop (the drain) before its cgroup is SIGKILLed.
+    description:
+      - Seconds for the unit to stop (SGLang drains its in-flight requests) before its cgroup is
+        SIGKILLed. The same as the unit's C(TimeoutStopSec) (the server role's
+        C(sglang_server_stop_timeout)), which the role C(sglang_ops.fleet.retune) passes.
     type: float
-    default: 120
+    default: 300
   kill_timeout:
     description: Seconds to wait after each signal of an escalation.
     type: float
@@ -71,13 +76,20 @@ options:
     type: float
     default: 300
   release_threshold_mib:
-    description: memory.used (MiB) at or below which a GPU counts as released.
+    description:
+      - memory.used (MiB) at or below which a GPU counts as released. The same as the start
+        guard's (the server role's C(sglang_server_release_threshold_mib)), which the role
+        C(sglang_ops.fleet.retune) passes.
     type: int
     default: 1024
   start_timeout:
-    description: Seconds from start until C(/health) answers 200 (model load).
+    description:
+      - Seconds from start until C(/health) answers 200 (model load). The same as the server
+        role's C(sglang_server_start_timeout), which the role C(sglang_ops.fleet.retune) passes;
+        the start guard's deadline is not added, since an instance is started only once its GPUs
+        and port are proven free.
     type: float
-    default: 1800
+    default: 3600
   health_timeout:
     description: Timeout (seconds) of each verification request after the instance is up.
     type: float
@@ -136,7 +148,9 @@ options:
     type: float
     default: 30
   pct:
-    description: The C(pct) command on a Proxmox node.
+    description:
+      - The C(pct) command on a Proxmox node (the server role's C(sglang_server_pct), which the role
+        C(sglang_ops.fleet.retune) passes).
     type: str
     default: pct
 attributes:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils._agent import (
-    argv_diff,
-    compare_server_info,
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings import (
+    describe_server_info,
+    differences,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import Options
 
 UNCHANGED = "unchanged"
 RELAUNCHED = "relaunched"
@@ -93,32 +94,29 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
             forceable=True,
         )
     reasons: list[str] = []
-    diff: dict[str, Any] = {}
+    # The inspected facts are the running evidence: the host's verdicts on the command line and
+    # environment it read (they hold secrets and never leave it), the user, and /server_info.
+    answered = facts.get("server_info_status") == 200
+    found = differences(instance, {**facts, "server_info": (facts.get("server_info") or {}) if answered else None})
+    diff: dict[str, Any] = found["flag_diff"] or {}
     if facts.get("health_status") != 200:
         reasons.append(f"unhealthy: /health answered {facts.get('health_status') or facts.get('health_error')}")
-    if not facts.get("argv_matches"):
-        diff = argv_diff(list(facts.get("argv") or []), list(instance["argv"]))
+    if found["flag_diff"] is not None:
         reasons.append("command line differs: " + describe_flag_diff(diff))
-    env_bad = facts.get("env_mismatches") or {}
-    if env_bad:
+    if found["env"]:
         reasons.append(
-            "environment differs: " + ", ".join(f"{k}={v['running']!r}→{v['expected']!r}" for k, v in env_bad.items())
+            "environment differs: "
+            + ", ".join(f"{k}={v['running']!r}→{v['expected']!r}" for k, v in found["env"].items())
         )
-    want_user = instance.get("user")
-    if want_user and facts.get("user") and facts.get("user") != want_user:
-        reasons.append(f"runs as {facts.get('user')}, desired {want_user}")
-    if facts.get("server_info_status") != 200:
+    if found["user"]:
+        reasons.append(f"runs as {found['user']['running']}, desired {found['user']['expected']}")
+    if not answered:
         reasons.append(
             f"cannot confirm its settings: /server_info answered {facts.get('server_info_status')} "
             f"({facts.get('server_info_error')})"
         )
-    else:
-        mismatches = compare_server_info(instance.get("expected_server_info") or {}, facts.get("server_info") or {})
-        if mismatches:
-            reasons.append(
-                "/server_info reports other settings: "
-                + ", ".join(f"{m['arg']}={m['reported']!r} (desired {m['expected']!r})" for m in mismatches)
-            )
+    elif found["server_info"]:
+        reasons.append(describe_server_info(found["server_info"], "desired"))
     if reasons:
         return _unless_evidence_broken(Decision(name, "relaunch", reasons, diff), facts)
     return Decision(name, UNCHANGED, [])
@@ -171,23 +169,6 @@ def _state_words(state: str) -> str:
 
 def mib(values: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(values or {})
-
-
-@dataclass
-class Options:
-    wave_size: int = 0
-    canary: bool | str = True
-    stop_timeout: float = 120.0
-    kill_timeout: float = 10.0
-    release_timeout: float = 300.0
-    release_threshold_mib: int = 1024
-    start_timeout: float = 1800.0
-    health_timeout: float = 120.0
-    min_max_running_requests: int | None = None
-    smoke_requests: int = 2
-    rollback: bool = True
-    force: bool = False
-    agent: dict[str, Any] = field(default_factory=dict)  # tool paths, state dirs, poll interval
 
 
 class Retune:

@@ -1,0 +1,268 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The options of a retune, each defined once: name, type, default, description, the inventory
+variable that sets it and the server-role variable it follows, if any.
+
+Everything else is derived from or checked against this table: the action plugin's argument spec
+(``ARGUMENT_SPEC``), ``Options``, and, by unit tests, the documentation of the action
+(``plugins/modules/retune.py``, literal YAML for ansible-doc) and the ``retune`` role's
+``defaults/main.yml`` and ``meta/argument_specs.yml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Where an option goes:
+ACTION = "action"  # read by the action plugin itself (which instances, how to reach the host)
+RETUNE = "retune"  # a field of Options, read by the controller-side flow (_retune.Retune)
+AGENT = "agent"  # passed with every phase to the host agent (Options.agent)
+ROLE = "role"  # used by the retune role's own tasks, not an argument of the action
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: str
+    description: str
+    scope: str
+    default: Any = None
+    elements: str | None = None
+    required: bool = False
+    # The inventory variable that sets it through the retune role (sglang_retune_<name>); None for
+    # an argument that only a direct use of the action sets.
+    var: str | None = None
+    # The server role's variable it follows through the role (unless its own variable is set): the
+    # retune must wait as long as the unit itself does, judge GPU memory as the start guard does,
+    # and reach the containers as the server role does.
+    server_var: str | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The option in the form of an Ansible argument spec."""
+        out: dict[str, Any] = {"type": self.type}
+        if self.elements:
+            out["elements"] = self.elements
+        if self.required:
+            out["required"] = True
+        if self.default is not None:
+            out["default"] = self.default
+        return out
+
+
+def _opt(name: str, type_: str, scope: str, description: str, **kw: Any) -> Option:
+    var = None if kw.pop("no_var", False) else f"sglang_retune_{name}"
+    return Option(name=name, type=type_, scope=scope, description=description, var=var, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _opt(
+        "instances",
+        "list",
+        ACTION,
+        "The host's resolved instances, as sglang_ops.fleet.server_validate returns them.",
+        elements="dict",
+        required=True,
+        no_var=True,
+    ),
+    _opt("only", "list", ACTION, "Limit the retune to these instance names (null - all).", elements="str"),
+    _opt(
+        "wave_size",
+        "int",
+        RETUNE,
+        "Instances relaunched in parallel per wave after the canary; 0 - all the rest at once.",
+        default=0,
+    ),
+    _opt(
+        "canary",
+        "raw",
+        RETUNE,
+        "Relaunch one instance alone first - true the first to change, or an instance name; false for none.",
+        default=True,
+    ),
+    _opt(
+        # SGLang drains in-flight requests on SIGTERM; long generations take minutes. Shorter than
+        # the unit's TimeoutStopSec, the retune would SIGKILL a drain systemd still allows.
+        "stop_timeout",
+        "float",
+        RETUNE,
+        "Seconds for the unit to stop (SGLang drains in-flight requests) before its cgroup is "
+        "SIGKILLed. Defaults to the server role's sglang_server_stop_timeout (the unit's TimeoutStopSec).",
+        default=300.0,
+        server_var="sglang_server_stop_timeout",
+    ),
+    _opt("kill_timeout", "float", RETUNE, "Seconds to wait after each signal of an escalation.", default=10.0),
+    _opt(
+        # A dead SGLang process's GPU context can take over 30 s to be torn down on large GPUs.
+        "release_timeout",
+        "float",
+        RETUNE,
+        "Seconds for the GPU memory to fall to the release threshold after the processes are gone.",
+        default=300.0,
+    ),
+    _opt(
+        # An idle GPU shows a few hundred MiB used (driver, context of nvidia-smi itself); a loaded
+        # SGLang instance holds tens of GiB. The start guard must agree, or it would hold back a
+        # start the retune judged safe.
+        "release_threshold_mib",
+        "int",
+        RETUNE,
+        "memory.used (MiB) at or below which a GPU counts as released. Defaults to the server "
+        "role's sglang_server_release_threshold_mib (the start guard's threshold).",
+        default=1024,
+        server_var="sglang_server_release_threshold_mib",
+    ),
+    _opt(
+        # Loading a large model (weights from network storage, CUDA graph capture, kernel JIT on a
+        # first start) can take well over half an hour. The start guard passes at once in a retune
+        # (GPUs and port proven free first), so the model load gets the same budget as in the unit.
+        "start_timeout",
+        "float",
+        RETUNE,
+        "Seconds from the start until /health answers 200 (model load). Defaults to the server "
+        "role's sglang_server_start_timeout: the unit's TimeoutStartSec less the start guard's "
+        "deadline, since a retune starts an instance only once its GPUs and port are proven free "
+        "and the guard passes at once.",
+        default=3600.0,
+        server_var="sglang_server_start_timeout",
+    ),
+    _opt(
+        "health_timeout",
+        "float",
+        RETUNE,
+        "Timeout (seconds) of each verification request (smoke completions included) once the instance is up.",
+        default=120.0,
+    ),
+    _opt(
+        "min_max_running_requests",
+        "int",
+        RETUNE,
+        "Fail (and roll back) if the effective max running requests per DP rank is below this (null - no check).",
+    ),
+    _opt("smoke_requests", "int", RETUNE, "Real completions each relaunched instance must answer.", default=2),
+    _opt("rollback", "bool", RETUNE, "Relaunch the last good settings when the new ones fail.", default=True),
+    _opt(
+        "force",
+        "bool",
+        RETUNE,
+        "Relaunch instances even when unchanged, or when their /health or /server_info does not answer.",
+        default=False,
+    ),
+    _opt(
+        "nvidia_smi",
+        "str",
+        AGENT,
+        "The nvidia-smi command on the host (or inside the container).",
+        default="nvidia-smi",
+    ),
+    _opt(
+        "nvidia_smi_timeout",
+        "float",
+        AGENT,
+        "Seconds each nvidia-smi call may take; one that hangs past it is killed with its process "
+        "group and counts as broken evidence.",
+        default=20.0,
+    ),
+    _opt("devices_dir", "path", AGENT, "Where the nvidiaN device nodes are.", default="/dev", no_var=True),
+    _opt(
+        "secrets_file",
+        "path",
+        AGENT,
+        "Root-only environment file holding SGLANG_API_KEY (read on the host, never sent back).",
+        default="/etc/sglang-fleet/secrets.env",
+        no_var=True,
+    ),
+    _opt(
+        "state_dir",
+        "path",
+        AGENT,
+        "Where the last good settings are kept on the host.",
+        default="/var/lib/sglang-fleet",
+        no_var=True,
+    ),
+    _opt(
+        "desired_dir",
+        "path",
+        AGENT,
+        "Where the server role records each instance's desired settings on the host.",
+        default="/etc/sglang-fleet/instances",
+        no_var=True,
+    ),
+    _opt(
+        # Each poll of GPU memory runs nvidia-smi (a fraction of a second on a host of 8 GPUs);
+        # half a second resolves deadlines of seconds to minutes without loading the host.
+        "poll_interval",
+        "float",
+        AGENT,
+        "Seconds between polls (unit state, GPU memory, health).",
+        default=0.5,
+    ),
+    _opt(
+        "http_timeout",
+        "float",
+        AGENT,
+        "Timeout (seconds) of each /health and /server_info request; a running instance whose "
+        "endpoint does not answer within it is left as it is and blocks the host unless the retune is forced.",
+        default=30.0,
+    ),
+    _opt(
+        "pct",
+        "str",
+        ACTION,
+        "The pct command on a Proxmox node. Set by the server role's sglang_server_pct (one command per node).",
+        default="pct",
+        no_var=True,
+        server_var="sglang_server_pct",
+    ),
+    _opt(
+        "lock_ttl",
+        "int",
+        ROLE,
+        "Seconds after which the host lock of a run that stopped renewing it may be taken over.",
+        default=1800,
+    ),
+    _opt(
+        "pause_units",
+        "list",
+        ROLE,
+        "systemd units of the generation clients, paused (SIGTERM) for the retune and resumed after.",
+        elements="str",
+        default=["sglang-fleet-generate.service"],
+    ),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+# The arguments of the action sglang_ops.fleet.retune.
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {o.name: o.spec() for o in OPTIONS if o.scope != ROLE}
+
+
+def default(name: str) -> Any:
+    return BY_NAME[name].default
+
+
+@dataclass
+class Options:
+    """What the controller-side flow of a retune reads; agent options go to the host as they are."""
+
+    wave_size: int = default("wave_size")
+    canary: bool | str = default("canary")
+    stop_timeout: float = default("stop_timeout")
+    kill_timeout: float = default("kill_timeout")
+    release_timeout: float = default("release_timeout")
+    release_threshold_mib: int = default("release_threshold_mib")
+    start_timeout: float = default("start_timeout")
+    health_timeout: float = default("health_timeout")
+    min_max_running_requests: int | None = default("min_max_running_requests")
+    smoke_requests: int = default("smoke_requests")
+    rollback: bool = default("rollback")
+    force: bool = default("force")
+    agent: dict[str, Any] = field(default_factory=dict)  # tool paths, state dirs, poll interval
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> Options:
+        """From the action's validated arguments."""
+        return cls(
+            **{o.name: args[o.name] for o in OPTIONS if o.scope == RETUNE},
+            agent={o.name: args[o.name] for o in OPTIONS if o.scope == AGENT},
+        )
