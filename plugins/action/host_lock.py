@@ -21,7 +21,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
 MODULE = "sglang_ops.fleet.host_lock"
 
 
-class ActionModule(ActionBase):  # type: ignore[misc]  # ansible-core ships no type information
+class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = True
     _supports_check_mode = True

@@ -58,7 +58,7 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
         return [(host, "skipped", "", "", "", "", str(result.get("msg", "")))]
     if "instances" not in result or not result["instances"]:
         return [(host, "failed" if result.get("failed") else "none", "", "", "", "", str(result.get("msg", ""))[:80])]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for inst in result["instances"]:
         before = inst.get("effective_max_running_requests_before")
         after = inst.get("effective_max_running_requests_after")
