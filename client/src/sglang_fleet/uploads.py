@@ -154,21 +154,39 @@ class Uploads:
         assert self.cfg.s3 is not None
         stop_event = self.control.stop
         ending = ending and not stop_event.is_set()
-        timeout = self.cfg.s3.final_sync_timeout if ending else self.cfg.s3.stop_sync_timeout
-        deadline = time.monotonic() + timeout if timeout > 0 else None
+        # 0: no limit at the end of the job; on a stop, no upload at all.
+        if ending:
+            timeout = self.cfg.s3.final_sync_timeout
+            deadline = time.monotonic() + timeout if timeout > 0 else None
+        else:
+            if self.cfg.s3.stop_sync_timeout <= 0:
+                log.warning("s3: %d shard(s) go at the next start", len(self.s3.pending()))
+                return
+            deadline = time.monotonic() + self.cfg.s3.stop_sync_timeout
         delays = self.cfg.backoff(base=_WAITED_RETRY_BASE_S).delays()
+        sync: asyncio.Future[Any] = run_in_daemon_thread(self._sync_once)
         while True:
             left = None if deadline is None else max(0.1, deadline - time.monotonic())
-            sync: asyncio.Future[Any] = run_in_daemon_thread(self._sync_once)
-            stop: asyncio.Future[Any] = asyncio.create_task(stop_event.wait())
-            done, _ = await asyncio.wait([sync, stop], timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
+            waits: set[asyncio.Future[Any]] = {sync}
+            # Only the end-of-job sync watches for a stop (which shortens it); once stopping, the
+            # stop is already set and would end the wait at once.
+            stop: asyncio.Future[Any] | None = asyncio.create_task(stop_event.wait()) if ending else None
+            if stop is not None:
+                waits.add(stop)
+            done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if stop is not None:
+                stop.cancel()
             if sync in done and sync.exception() is None:
                 log.info("s3: all closed shards uploaded (%d this run)", self.s3.state.uploaded)
                 return
             if sync not in done:
-                # Deadline, or a stop during an endless end-of-job sync. The upload thread is a
-                # daemon: it dies with the process, and the next start finishes its work.
+                if stop is not None and stop in done:
+                    # A stop during the end-of-job sync: the same upload goes on, for the stop's time.
+                    ending = False
+                    deadline = time.monotonic() + self.cfg.s3.stop_sync_timeout
+                    continue
+                # Deadline. The upload thread is a daemon: it dies with the process, and the next
+                # start finishes its work.
                 log.warning("s3: %d shard(s) not uploaded yet; they go at the next start", len(self.s3.pending()))
                 return
             exc = sync.exception()
@@ -183,3 +201,4 @@ class Uploads:
             if await self.control.sleep_or_stop(delay):
                 ending = False
                 deadline = time.monotonic() + self.cfg.s3.stop_sync_timeout
+            sync = run_in_daemon_thread(self._sync_once)
