@@ -9,34 +9,6 @@ from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.bundle import bundle_source
 
-DOCUMENTATION = r"""
-name: desired_record
-short_description: The desired-settings record of a resolved SGLang instance
-version_added: 0.1.0
-author: sglang-fleet contributors
-description:
-  - The JSON document the server role writes to C(/etc/sglang-fleet/instances/NAME.json) and the
-    retune plugin checks before relaunching - the instance's fingerprint and what it is made of.
-positional: _input
-options:
-  _input:
-    description: A resolved instance (M(sglang_ops.fleet.server_validate)).
-    type: dict
-    required: true
-"""
-
-EXAMPLES = r"""
-- name: Record of the first instance
-  ansible.builtin.debug:
-    msg: "{{ sglang_server_resolved.instances[0] | sglang_ops.fleet.desired_record }}"
-"""
-
-RETURN = r"""
-_value:
-  description: The record, as JSON text.
-  type: str
-"""
-
 RECORD_KEYS = (
     "name",
     "unit",

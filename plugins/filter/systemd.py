@@ -7,37 +7,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-DOCUMENTATION = r"""
-name: systemd_exec_word
-short_description: Quote one word of a systemd ExecStart= command line
-version_added: 0.1.0
-author: sglang-fleet contributors
-description:
-  - Escapes C(%) (unit specifiers) and C($) (environment substitution) and double-quotes the word
-    when it holds whitespace, quotes or backslashes, so that systemd passes it to the program
-    exactly as given.
-  - A word that is exactly C(${NAME}) is kept as a substitution, on purpose, for values taken from
-    an EnvironmentFile.
-positional: _input
-options:
-  _input:
-    description: The word.
-    type: str
-    required: true
-"""
-
-EXAMPLES = r"""
-- name: One flag per line
-  ansible.builtin.debug:
-    msg: "{{ ['--served-model-name', 'my model'] | map('sglang_ops.fleet.systemd_exec_word') | join(' ') }}"
-"""
-
-RETURN = r"""
-_value:
-  description: The word, escaped for ExecStart=.
-  type: str
-"""
-
 _SUBSTITUTION = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 _NEEDS_QUOTES = re.compile(r"[\s\"'\\;]")
 
