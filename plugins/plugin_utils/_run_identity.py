@@ -17,6 +17,8 @@ import socket
 import time
 from typing import Any
 
+PROC_SELF = "/proc/self"
+
 
 def _starttime(pid: int) -> int | None:
     """Clock ticks since boot at which ``pid`` started (tells a reused PID apart), or None."""
@@ -66,6 +68,15 @@ def holder_is_dead_here(holder: dict[str, Any]) -> bool:
         return False
     pid = holder.get("controller_pid")
     if not isinstance(pid, int) or pid <= 0:
+        return False
+    if not os.path.isdir(PROC_SELF):
+        # No procfs on this controller (macOS): no start times, so only "is that PID alive".
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
         return False
     start = _starttime(pid)
     return start is None or start != holder.get("controller_pid_starttime")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
 
+import pytest
 from ansible.playbook.task import Task
 
 from ansible_collections.sglang_ops.fleet.plugins.action.host_lock import ActionModule
@@ -48,6 +50,16 @@ def test_a_holder_is_dead_only_if_it_ran_here_and_its_process_is_gone() -> None:
     assert holder_is_dead_here(dict(me, controller_pid=dead_pid()))
     assert holder_is_dead_here(dict(me, controller_pid_starttime=1))  # the PID is another process now
     assert not holder_is_dead_here(dict(me, controller_pid=dead_pid(), controller="another-controller"))
+
+
+def test_without_procfs_only_a_gone_pid_is_dead(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A controller without /proc (macOS) has no start times: a live holder is never taken over."""
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _run_identity  # noqa: PLC0415
+
+    monkeypatch.setattr(_run_identity, "PROC_SELF", str(tmp_path / "no-proc"))
+    me = dict(controller_identity(60, pid=os.getpid()), controller_pid_starttime=None)
+    assert not holder_is_dead_here(me)
+    assert holder_is_dead_here(dict(me, controller_pid=dead_pid()))
 
 
 def test_a_lease_left_by_a_dead_run_of_this_controller_is_taken_over_at_once() -> None:
