@@ -12,7 +12,7 @@ export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-SCENARIOS   ?= default server server_lxc retune fleet generation
+SCENARIOS   ?= default server server_lxc retune fleet gitops generation
 PYTEST_ARGS ?=
 
 .PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
@@ -29,11 +29,11 @@ setup: apt venv collections image
 apt:
 	@tools/setup/apt-packages.sh
 
-$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt client/pyproject.toml tests/doubles/gpusim/pyproject.toml
+$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt client/pyproject.toml tests/doubles/gpusim/pyproject.toml ops/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -c requirements/constraints.txt
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -e client -e tests/doubles/gpusim
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -e client -e tests/doubles/gpusim -e ops
 	@touch $@
 	@echo "virtualenv ready: $(VENV)"
 
@@ -51,6 +51,7 @@ lint: venv collections
 	@$(BIN)/ansible-lint --profile production --offline -q
 	@MYPYPATH=collections $(BIN)/mypy --config-file mypy.ini --no-error-summary -p ansible_collections.sglang_ops.fleet.plugins
 	@$(BIN)/mypy --config-file client/pyproject.toml --no-error-summary client/src
+	@$(BIN)/mypy --config-file ops/pyproject.toml --no-error-summary ops/src
 
 unit: venv collections
 	@PYTEST=$(BIN)/pytest tools/unit.sh $(PYTEST_ARGS)

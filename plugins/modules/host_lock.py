@@ -35,6 +35,14 @@ options:
         any pause between two tasks of a run on the host (the generation clients' stop, for one).
     type: int
     default: 1800
+  wait:
+    description:
+      - Seconds to keep trying while another live run holds the lease (every few seconds), for
+        O(state=acquired); C(0) fails at once, naming the holder. Past it, the task fails naming
+        the holder and how long it waited. Used by C(retune.yml) to take the host lock of every
+        host of the run before any is touched (C(sglang_retune_fleet_lock)).
+    type: int
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -45,6 +53,10 @@ notes:
 EXAMPLES = r"""
 - name: Take the host lock for this run
   sglang_ops.fleet.host_lock:
+
+- name: Take it, waiting up to 10 minutes for another run to give it back
+  sglang_ops.fleet.host_lock:
+    wait: 600
 
 - name: Give it back
   sglang_ops.fleet.host_lock:

@@ -222,6 +222,22 @@ OPTIONS: tuple[Option, ...] = (
         default=1800,
     ),
     _opt(
+        "lock_wait",
+        "int",
+        ROLE,
+        "Seconds the fleet lock (sglang_retune_fleet_lock) waits for a host lock held by another run before "
+        "the run fails naming the holder; 0 - fail at once.",
+        default=0,
+    ),
+    _opt(
+        "fleet_lock",
+        "bool",
+        ROLE,
+        "Take the host lock of every host of the run before any host is touched (one apply at a time for the "
+        "fleet); the last play gives back every lease of the run.",
+        default=False,
+    ),
+    _opt(
         "pause_units",
         "list",
         ROLE,

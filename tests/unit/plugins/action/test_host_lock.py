@@ -99,3 +99,57 @@ def test_a_live_holder_fails_the_task_naming_it_and_nothing_is_taken() -> None:
         and result["msg"] == "the host is locked by run alive (user x); nothing was touched on this host"
     )
     assert "ansible_facts" not in result
+
+
+def test_a_held_lease_is_waited_for_until_it_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ansible_collections.sglang_ops.fleet.plugins.action import host_lock  # noqa: PLC0415
+
+    monkeypatch.setattr(host_lock, "WAIT_INTERVAL", 0.01)
+    holder = dict(controller_identity(60, pid=os.getpid()), run_id="alive")
+    calls: list[dict[str, Any]] = []
+
+    def execute(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        calls.append(module_args)
+        if len(calls) < 3:
+            return {"failed": True, "msg": "the host is locked by run alive", "holder": holder}
+        return {"changed": False, "lock": dict(module_args["identity"])}
+
+    action = make_action({"wait": 30})
+    action._execute_module = execute
+    result = action.run(task_vars={})
+    assert len(calls) == 3 and not result.get("failed")
+    assert result["ansible_facts"]["sglang_fleet_lock"]["run_id"] == calls[0]["identity"]["run_id"]
+    assert all("take_over" not in c for c in calls)  # a live holder is waited for, never taken over
+
+
+def test_the_wait_ends_naming_the_holder_and_how_long_it_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ansible_collections.sglang_ops.fleet.plugins.action import host_lock  # noqa: PLC0415
+
+    monkeypatch.setattr(host_lock, "WAIT_INTERVAL", 0.05)
+    holder = dict(controller_identity(60, pid=os.getpid()), run_id="alive")
+    calls: list[dict[str, Any]] = []
+
+    def execute(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        calls.append(module_args)
+        return {"failed": True, "msg": "the host is locked by run alive (user x)", "holder": holder}
+
+    action = make_action({"wait": 1})
+    action._execute_module = execute
+    result = action.run(task_vars={})
+    assert result["failed"] and "ansible_facts" not in result
+    assert result["msg"].startswith("the host is locked by run alive (user x); waited ")
+    assert result["msg"].endswith("s; nothing was touched on this host")
+    assert 5 <= len(calls) <= 30  # tried again every interval, for about a second
+
+
+def test_a_failure_without_a_holder_is_not_waited_for() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def execute(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        calls.append(module_args)
+        return {"failed": True, "msg": "could not get flock on /run/sglang-fleet/host.lock within 10s"}
+
+    action = make_action({"wait": 600})
+    action._execute_module = execute
+    result = action.run(task_vars={})
+    assert len(calls) == 1 and result["failed"]

@@ -1,0 +1,1 @@
+"""sglang-fleet-ops: plans, applies, drift and status of an sglang-fleet as data."""
