@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import flag_changes
+
 DOCUMENTATION = r"""
 name: retune_table
 short_description: Summary table of the retune results of several hosts
@@ -67,11 +69,7 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
         if inst.get("action") not in ("unchanged", "relaunched", "started"):
             note = str(inst.get("msg") or "; ".join(inst.get("reasons") or []))
         elif inst.get("action") != "unchanged" and inst.get("flag_diff"):
-            diff = inst["flag_diff"]
-            parts = [f"{k} {v[0]}->{v[1]}" for k, v in diff.get("changed", {}).items()]
-            parts += [f"+{k}" if v is True else f"+{k} {v}" for k, v in diff.get("added", {}).items()]
-            parts += [f"-{k}" for k in diff.get("removed", {})]
-            note = ", ".join(parts)
+            note = flag_changes(inst["flag_diff"], arrow="->")
         if inst.get("teardown_s"):
             note = (f"waited {inst['teardown_s']:.1f}s for processes in teardown after SIGKILL; " + note).strip("; ")
         if inst.get("escalated"):

@@ -138,11 +138,16 @@ def _unless_evidence_broken(decision: Decision, facts: Mapping[str, Any]) -> Dec
     )
 
 
-def describe_flag_diff(diff: Mapping[str, Any]) -> str:
-    parts = [f"{k} {v[0]}→{v[1]}" for k, v in diff.get("changed", {}).items()]
+def flag_changes(diff: Mapping[str, Any], arrow: str = "→") -> str:
+    """A flag diff in one line (``--flag old→new, +--added value, -removed``); empty if none."""
+    parts = [f"{k} {v[0]}{arrow}{v[1]}" for k, v in diff.get("changed", {}).items()]
     parts += [f"+{k} {v}" if v is not True else f"+{k}" for k, v in diff.get("added", {}).items()]
     parts += [f"-{k}" for k in diff.get("removed", {})]
-    return ", ".join(parts) or "(same flags, other words)"
+    return ", ".join(parts)
+
+
+def describe_flag_diff(diff: Mapping[str, Any]) -> str:
+    return flag_changes(diff) or "(same flags, other words)"
 
 
 def plan_waves(names: list[str], canary: bool | str, wave_size: int) -> list[list[str]]:

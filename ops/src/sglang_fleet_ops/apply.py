@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .events import FLEET_LOCK_PLAY, HOST_LOCK, RETUNE, SUMMARY_PLAY, VALIDATE, HostView, by_host, play_failures
-from .plan import skip_msg
+from .plan import md_cell, md_section, skip_msg
 from .runner import Run
 
 PROVEN = ("unchanged", "relaunched", "started")
@@ -113,19 +113,14 @@ def outcome_markdown(outcome: dict[str, Any]) -> str:
     ]
     for host, entry in outcome["hosts"].items():
         if not entry["instances"]:
-            lines.append(f"| {host} | {entry['status']} | | | {_cell(entry['msg'])} |")
+            lines.append(f"| {host} | {entry['status']} | | | {md_cell(entry['msg'])} |")
         for inst in entry["instances"]:
             before = inst.get("effective_max_running_requests_before")
             after = inst.get("effective_max_running_requests_after")
             capacity = "" if before is None and after is None else f"{before} → {after}"
             lines.append(
                 f"| {host}/{inst.get('name')} | {inst.get('action')} | {inst.get('state') or ''} | {capacity} | "
-                f"{_cell(inst.get('msg') or '')} |"
+                f"{md_cell(inst.get('msg') or '')} |"
             )
-    if outcome["problems"]:
-        lines += ["", "### Problems", ""] + [f"- {_cell(p)}" for p in outcome["problems"]]
+    lines += md_section("Problems", outcome["problems"])
     return "\n".join(lines) + "\n"
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")

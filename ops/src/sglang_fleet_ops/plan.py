@@ -217,8 +217,15 @@ def plan_exit(plan: dict[str, Any]) -> int:
     return 2 if plan["changes"] or plan.get("units_changed") else 0
 
 
-def _cell(text: Any) -> str:
+def md_cell(text: Any) -> str:
+    """Text safe in one cell of a Markdown table."""
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def md_section(title: str, items: Iterable[Any]) -> list[str]:
+    """A Markdown list under its heading, or nothing when there is nothing to list."""
+    items = list(items)
+    return ["", f"### {title}", ""] + [f"- {md_cell(i)}" for i in items] if items else []
 
 
 def flag_changes(diff: dict[str, Any]) -> str:
@@ -244,21 +251,18 @@ def plan_markdown(plan: dict[str, Any], title: str = "Plan") -> str:
     ]
     for host, entry in plan["hosts"].items():
         if not entry["instances"]:
-            lines.append(f"| {_cell(host)} | {entry['status']} | | |")
+            lines.append(f"| {md_cell(host)} | {entry['status']} | | |")
         for inst in entry["instances"]:
             changes = flag_changes(inst["flag_diff"]) or ("unit file" if inst["unit_diff"] else "")
             if inst["action"] in ("blocked", "failed") and inst["why"]:
                 changes = f"{changes} ({inst['why']})" if changes else str(inst["why"])
             capacity = inst["effective_max_running_requests_now"]
             lines.append(
-                f"| {_cell(host)}/{_cell(inst['name'])} | {inst['action']} | {_cell(changes)} | "
+                f"| {md_cell(host)}/{md_cell(inst['name'])} | {inst['action']} | {md_cell(changes)} | "
                 f"{'' if capacity is None else capacity} |"
             )
-    if plan["problems"]:
-        lines += ["", "### Problems", ""] + [f"- {_cell(p)}" for p in plan["problems"]]
-    warnings = [f"{h}: {w}" for h, e in plan["hosts"].items() for w in e.get("warnings") or []]
-    if warnings:
-        lines += ["", "### Warnings", ""] + [f"- {_cell(w)}" for w in warnings]
+    lines += md_section("Problems", plan["problems"])
+    lines += md_section("Warnings", (f"{h}: {w}" for h, e in plan["hosts"].items() for w in e.get("warnings") or []))
     return "\n".join(lines) + "\n"
 
 
