@@ -12,7 +12,7 @@ export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-SCENARIOS   ?= default server server_lxc retune fleet gitops generation
+SCENARIOS   ?= default server server_lxc retune fleet gitops monitoring generation
 PYTEST_ARGS ?=
 
 .PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
@@ -68,6 +68,8 @@ demo: setup
 	@$(BIN)/ansible-playbook retune.yml
 	@echo; echo "=== ansible-playbook retune.yml   (again: nothing to change)"
 	@$(BIN)/ansible-playbook retune.yml
+	@echo; echo "=== the generation job ran through both: its completions so far, each exactly once"
+	@$(BIN)/ansible-playbook playbooks/demo_verify.yml
 
 demo-clean:
 	@$(BIN)/ansible-playbook playbooks/demo_clean.yml
@@ -78,3 +80,4 @@ clean: demo-clean
 bench: setup
 	@$(BIN)/python bench/retune/bench_retune.py
 	@$(BIN)/python bench/client/bench_client.py
+	@$(BIN)/python bench/retune_capacity/bench_retune_capacity.py

@@ -2,9 +2,13 @@
 
 1. Throughput and CPU cost against a zero-latency OpenAI-compatible endpoint on loopback:
    ``sglang-fleet generate`` with durability on (every record written before it counts, fsync every
-   second; and once with fsync after every record), against a bare asyncio HTTP/1.1 loop with no
-   persistence at the same concurrency (the floor). Each runs as its own process; CPU is that
-   process's user+system time from wait4().
+   second; and once with fsync after every record), against two loops with no persistence at the
+   same concurrency: a bare asyncio HTTP/1.1 loop (the floor) and a plain aiohttp loop (one
+   ``ClientSession``, a ``TCPConnector`` limited to the concurrency, N workers POSTing the same body
+   and reading the JSON; what a client written the usual way costs). Each runs as its own process;
+   CPU is that process's user+system time from wait4(). Exits 1 if the client's requests/s are below
+   ``MIN_RATIO_VS_AIOHTTP`` times the aiohttp loop's (a regression guard). aiohttp is a dependency of
+   this benchmark only (requirements/dev.txt), never of the client.
 2. Resume with 1,000,000 done ids: start-up time (until the done set is built) and peak RSS of a
    cold start (prompts file not yet scanned) and of a warm restart.
 
@@ -31,6 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SRC = ROOT / "client" / "src"
 FAKE = ROOT / "client" / "tests" / "support" / "fake_openai.py"
+
+# The client must stay at least this much faster than the plain aiohttp loop (steady phase).
+MIN_RATIO_VS_AIOHTTP = 1.5
 
 BODY = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hello"}], "stream": False}).encode()
 
@@ -82,6 +89,37 @@ def floor_main(port: int, n: int, concurrency: int) -> None:
     t0 = time.perf_counter()
     asyncio.run(_floor(port, n, concurrency))
     print(f"floor-loop {time.perf_counter() - t0:.4f}")
+
+
+# ---------------------------------------------------------------------- the usual way: plain aiohttp
+async def _aiohttp_loop(port: int, n: int, concurrency: int) -> None:
+    import aiohttp  # noqa: PLC0415  (a bench dependency, imported in this child process only)
+
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    headers = {"Content-Type": "application/json"}
+    left = n
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(url, data=BODY, headers=headers) as resp:
+                    resp.raise_for_status()
+                    await resp.json()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def aiohttp_main(port: int, n: int, concurrency: int) -> None:
+    try:
+        import aiohttp  # noqa: F401, PLC0415
+    except ImportError:
+        raise SystemExit("the aiohttp baseline needs aiohttp: pip install -r requirements/dev.txt") from None
+    t0 = time.perf_counter()
+    asyncio.run(_aiohttp_loop(port, n, concurrency))
+    print(f"aiohttp-loop {time.perf_counter() - t0:.4f}")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -143,7 +181,8 @@ def generate_argv(prompts: Path, out: Path, port: int, concurrency: int, fsync: 
 
 
 # ---------------------------------------------------------------------- part 1
-def bench_throughput(work: Path, n: int, concurrency: int, repeat: int) -> None:
+def bench_throughput(work: Path, n: int, concurrency: int, repeat: int) -> float:
+    """Prints the table; returns the client's requests/s over the aiohttp loop's (steady phase)."""
     port = free_port()
     server = start_server(port)
     try:
@@ -153,7 +192,8 @@ def bench_throughput(work: Path, n: int, concurrency: int, repeat: int) -> None:
         prompts_small = work / f"prompts-{small}.jsonl"
         write_prompts(prompts_small, small)
         kinds = [
-            ("bare asyncio loop, no persistence (floor)", n, None),
+            ("bare asyncio loop, no persistence (floor)", n, "floor"),
+            ("plain aiohttp loop, no persistence", n, "aiohttp"),
             ("sglang-fleet generate, fsync=interval", n, "interval"),
             ("sglang-fleet generate, fsync=always", small, "always"),
         ]
@@ -161,11 +201,11 @@ def bench_throughput(work: Path, n: int, concurrency: int, repeat: int) -> None:
         # Interleaved repeats, median reported: the machine's other load moves single runs around.
         for r in range(repeat):
             for name, count, fsync in kinds:
-                if fsync is None:
+                if fsync in ("floor", "aiohttp"):
                     wall, cpu, rss, text = spawn_wait4(
-                        [sys.executable, __file__, "--floor", str(port), str(count), str(concurrency)]
+                        [sys.executable, __file__, f"--{fsync}", str(port), str(count), str(concurrency)]
                     )
-                    loop_s = float(text.split("floor-loop")[1].split()[0])
+                    loop_s = float(text.split(f"{fsync}-loop")[1].split()[0])
                 else:
                     out = work / f"out-{fsync}-{r}"
                     p = prompts if count == n else prompts_small
@@ -199,13 +239,17 @@ def bench_throughput(work: Path, n: int, concurrency: int, repeat: int) -> None:
             f"{name:48s} {count:9d} {count / med(name, 0):9.0f} {count / med(name, 1):10.0f} "
             f"{1000 * med(name, 2) / count:9.3f} {med(name, 3):8.0f}M"
         )
-    floor, client = kinds[0][0], kinds[1][0]
-    print(f"\nratio client/floor, requests/s (steady phase): {med(floor, 0) / med(client, 0):.2f}")
-    print(f"ratio client/floor, CPU per request:          {med(client, 2) / med(floor, 2):.2f}")
+    floor, plain, client = kinds[0][0], kinds[1][0], kinds[2][0]
+    vs_aiohttp = med(plain, 0) / med(client, 0)
+    print(f"\nratio client/floor, requests/s (steady phase):   {med(floor, 0) / med(client, 0):.2f}")
+    print(f"ratio client/floor, CPU per request:            {med(client, 2) / med(floor, 2):.2f}")
+    print(f"ratio client/aiohttp, requests/s (steady phase): {vs_aiohttp:.2f}")
+    print(f"ratio client/aiohttp, CPU per request:          {med(client, 2) / med(plain, 2):.2f}")
     print(
-        "req/s = the steady generation phase (client: from its own log; floor: its loop); "
+        "req/s = the steady generation phase (client: from its own log; loops: the loop alone); "
         "req/s e2e = whole process, start-up included; CPU = user+system of that process alone."
     )
+    return vs_aiohttp
 
 
 # ---------------------------------------------------------------------- part 2
@@ -263,8 +307,9 @@ def bench_resume(work: Path, done: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--floor":
-        floor_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) > 1 and sys.argv[1] in ("--floor", "--aiohttp"):
+        child = floor_main if sys.argv[1] == "--floor" else aiohttp_main
+        child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20_000)
@@ -275,11 +320,17 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sgf-bench-"))
     try:
-        bench_throughput(work, a.requests, a.concurrency, a.repeat)
+        vs_aiohttp = bench_throughput(work, a.requests, a.concurrency, a.repeat)
         if not a.skip_resume:
             bench_resume(work, a.done)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if vs_aiohttp < MIN_RATIO_VS_AIOHTTP:
+        raise SystemExit(
+            f"REGRESSION: the client made {vs_aiohttp:.2f}x the requests/s of the plain aiohttp loop; "
+            f"it must make at least {MIN_RATIO_VS_AIOHTTP}x"
+        )
+    print(f"\nOK: the client makes {vs_aiohttp:.2f}x the requests/s of the aiohttp loop (>= {MIN_RATIO_VS_AIOHTTP}x)")
 
 
 if __name__ == "__main__":

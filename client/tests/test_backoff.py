@@ -97,7 +97,7 @@ def test_request_retries_and_throttling_wait_at_most_backoff_max(tmp_path: Path)
         endpoints=[],
         rotate=lambda: None,
     )
-    ep: Any = types.SimpleNamespace(errors=collections.Counter())
+    ep: Any = types.SimpleNamespace(errors=collections.Counter(), drained=False)
     item = WorkItem(Prompt(id="a", line=1, data={"prompt": "x"}))
     for n in range(1, 30):
         item.sends = n

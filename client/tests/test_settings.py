@@ -5,11 +5,13 @@ meta/argument_specs.yml), the config it writes (tasks/configure.yml) and its env
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
 from typing import Any, get_origin
 
+import jinja2
 import pytest
 import yaml
 
@@ -49,8 +51,9 @@ ROLE_ONLY = {
     "restart_sec",
 }
 # Role defaults that differ from the client's on purpose. drain_timeout: the service gives requests in
-# flight longer to finish on `systemctl stop` (its TimeoutStopSec grows with it).
-ROLE_OWN_DEFAULT = {"drain_timeout"}
+# flight longer to finish on `systemctl stop` (its TimeoutStopSec grows with it). control_socket: the
+# service always has one, in its runtime directory (the client alone has none unless asked).
+ROLE_OWN_DEFAULT = {"drain_timeout", "control_socket"}
 
 
 def role_var(s: Setting) -> str:
@@ -149,6 +152,32 @@ def test_the_config_the_role_writes_uses_setting_names() -> None:
     assert env[literal["api_key_env"].strip("'")] == "generation_api_key"
     for name, variable in S3_ENV.items():
         assert env[variable] == role_var(SETTING[f"s3.{name}"])
+
+
+def _role_vars() -> dict[str, Any]:
+    """vars/main.yml with what can be rendered from the file alone rendered."""
+    values: dict[str, Any] = dict(_load("vars/main.yml"))
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701  (paths, not HTML)
+    for _ in range(5):
+        for k, v in values.items():
+            if isinstance(v, str) and "{{" in v:
+                with contextlib.suppress(jinja2.TemplateError):  # needs a role variable or an Ansible filter
+                    values[k] = env.from_string(v).render(values)
+    return values
+
+
+def test_the_control_socket_is_in_the_units_runtime_directory() -> None:
+    """The retune finds a client's socket by its unit alone: /run/sglang-fleet/clients/UNIT/control.sock,
+    in the unit's RuntimeDirectory (writable by its user under ProtectSystem=strict)."""
+    v = _role_vars()
+    unit = v["_generation_service"] + ".service"
+    assert v["_generation_control_socket"] == f"/run/sglang-fleet/clients/{unit}/control.sock"
+    assert v["_generation_control_socket"] == f"/run/{v['_generation_runtime_dir']}/control.sock"
+    assert DEFAULTS["generation_control_socket"] == "{{ _generation_control_socket }}"
+    assert v["_generation_control_socket"] in " ".join(SPECS["generation_control_socket"]["description"])
+    template = (ROLE / "templates/sglang-fleet-generate.service.j2").read_text()
+    assert "\nRuntimeDirectory={{ _generation_runtime_dir }}\n" in template
+    assert "\nRuntimeDirectoryMode=0750\n" in template
 
 
 # ---------------------------------------------------------------------- the flags

@@ -54,6 +54,29 @@ def test_missing_doubled_unexpected_and_torn(tmp_path: Path) -> None:
     assert "part-00000-of-00001-000000.jsonl:4" in text  # where q3 is, by file and line
 
 
+def test_in_progress_pending_ids_pass_but_doubles_still_fail(tmp_path: Path) -> None:
+    """A running job: ids not done yet and the open shard's record being written are fine; a doubled
+    id is not. Without --in-progress the same output is not exact."""
+    p = write_prompts(tmp_path / "p.jsonl", 10)
+    out = tmp_path / "out"
+    _shard(out, "part-00000-of-00001-000000", ["q0", "q1", "q2"])
+    _shard(out, "part-00000-of-00001-000001", ["q3", "q4"], suffix=".jsonl.open", tail=b'{"id":"q5","outp')
+    r = cli("verify", "--prompts", str(p), "--output", str(out), "--in-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OK so far: every prompt id done appears exactly once; 5 not done yet" in r.stdout
+    assert "1 record(s) being written in an open shard not counted yet" in r.stdout
+    rep = json.loads(cli("verify", "--prompts", str(p), "--output", str(out), "--in-progress", "--json").stdout)
+    assert rep["exact"] is True and rep["in_progress"] is True and rep["missing_count"] == 5
+    assert cli("verify", "--prompts", str(p), "--output", str(out)).returncode == 1
+    # A torn line in a closed shard is damage, in progress or not.
+    _shard(out, "part-00000-of-00001-000002", ["q6"], tail=b'{"id":"q7"')
+    assert cli("verify", "--prompts", str(p), "--output", str(out), "--in-progress").returncode == 1
+    (out / "shards" / "part-00000-of-00001-000002.jsonl").unlink()
+    _shard(out, "part-00000-of-00001-000003", ["q1"])
+    r = cli("verify", "--prompts", str(p), "--output", str(out), "--in-progress")
+    assert r.returncode == 1 and "DOUBLED: 1 id(s)" in r.stdout and "not done yet: 5 id(s)" in r.stdout
+
+
 def test_missing_output_directory(tmp_path: Path) -> None:
     p = write_prompts(tmp_path / "p.jsonl", 30)
     r = cli("verify", "--prompts", str(p), "--output", str(tmp_path / "nope"))

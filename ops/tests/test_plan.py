@@ -62,8 +62,8 @@ def test_a_plan_with_changes_exits_2_and_writes_plan_json_and_md(rec: Any, proje
 def test_plan_md_is_a_table_a_reviewer_reads(rec: Any) -> None:
     md = plan_markdown(build_plan(rec.run_of(rec.events("plan_events"))))
     assert md.startswith("## Plan: 1 instance(s) to relaunch or start\n")
-    assert "| host/instance | action | flag changes | capacity now |" in md
-    assert "| gpu-a/gpu1 | relaunch | mem_fraction_static 0.88→0.93 | 16 |" in md
+    assert "| host/instance | action | flag changes | capacity now → after |" in md
+    assert "| gpu-a/gpu1 | relaunch | mem_fraction_static 0.88→0.93 | 16 → - |" in md
     assert "| gpu-a/gpu0 | unchanged |  | 40 |" in md
     assert "| gpu-b/gpu0 | unchanged |  | 40 |" in md
     assert "Problems" not in md
@@ -236,3 +236,19 @@ def test_drift_names_each_instance_and_exits_2(rec: Any, project: Path) -> None:
 def test_no_drift_exits_0(rec: Any, project: Path) -> None:
     code, out, _, _ = run_cli(rec, project, ["drift"], rec.run_of(nothing_to_do(rec)))
     assert code == 0 and "## Drift: none" in out
+
+
+def test_the_plan_shows_the_predicted_capacity_after_or_why_not(rec: Any) -> None:
+    """The retune's check mode predicts the effective max running requests after the relaunch
+    (from the running instance's model facts); the plan carries it, or why there is none."""
+    evts = rec.events("plan_events")
+    inst = rec.retune_instance(evts, "gpu-a", "gpu1")
+    inst.update(predicted_effective_max_running_requests=52, prediction_missing=None)
+    plan = build_plan(rec.run_of(evts))
+    gpu1 = plan["hosts"]["gpu-a"]["instances"][1]
+    assert (gpu1["predicted_after"], gpu1["predicted_why"]) == (52, None)
+    assert "| gpu-a/gpu1 | relaunch | mem_fraction_static 0.88→0.93 | 16 → 52 |" in plan_markdown(plan)
+    inst.update(predicted_effective_max_running_requests=None, prediction_missing="journal")
+    plan = build_plan(rec.run_of(evts))
+    assert plan["hosts"]["gpu-a"]["instances"][1]["predicted_why"] == "journal"
+    assert "| gpu-a/gpu1 | relaunch | mem_fraction_static 0.88→0.93 | 16 → - (journal) |" in plan_markdown(plan)

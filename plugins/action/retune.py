@@ -1,7 +1,8 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
 """Action plugin sglang_ops.fleet.retune: kill, prove dead, prove GPU memory free, relaunch,
-prove healthy; idempotent, check and diff mode, canary then waves, rollback."""
+prove healthy; idempotent, check and diff mode, canary then waves, rollback; the generation
+clients drained per wave (or stopped for the retune when they do not answer)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def _check_args(args: dict[str, Any]) -> list[str]:
         "poll_interval",
         "nvidia_smi_timeout",
         "http_timeout",
+        "client_drain_timeout",
     ):
         if args[key] <= 0:
             problems.append(f"{key} must be > 0")

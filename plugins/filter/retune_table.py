@@ -16,9 +16,13 @@ version_added: 0.1.0
 author: sglang-fleet contributors
 description:
   - One line per instance - host/instance, action, effective max running requests before and
-    after, seconds to dead, to GPU memory released and to healthy, and what went wrong if anything.
+    after (in check mode the predicted after, or C(-) and why in one word), seconds to dead, to
+    GPU memory released and to healthy, and what went wrong if anything.
   - Under an instance, one line per process killed by PID beyond its unit's own stop (an orphaned
     scheduler, a manual launch, a straggler) - PID, command line, signals and why.
+  - Under a host's instances, one line per host note - each generation client (drained per wave
+    and never stopped, or stopped for the retune and started again, and why), and anything else
+    the retune had to say about the host.
   - Reads each host's registered C(sglang_retune_result) (the result of M(sglang_ops.fleet.retune)).
 positional: _input, hosts
 options:
@@ -59,12 +63,32 @@ def rows_for(host: str, result: Mapping[str, Any] | None) -> list[tuple[str, ...
     if result.get("skipped"):
         return [(host, "skipped", "", "", "", "", str(result.get("msg", "")))]
     if "instances" not in result or not result["instances"]:
-        return [(host, "failed" if result.get("failed") else "none", "", "", "", "", str(result.get("msg", ""))[:80])]
+        status = "failed" if result.get("failed") else "none"
+        return [(host, status, "", "", "", "", str(result.get("msg", ""))[:80]), *note_rows(host, result)]
+    return instance_rows(host, result) + note_rows(host, result)
+
+
+def note_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The host's notes, whole (a generation client's line says whether it was ever stopped)."""
+    return [(host, "note", "", "", "", "", str(note)) for note in result.get("notes") or []]
+
+
+def capacity_cell(inst: Mapping[str, Any], before: Any, after: Any) -> str:
+    """``before -> after``; in check mode the predicted after (``_retune_predict``), or ``-`` with
+    why there is none in one word (``16 -> - (journal)``)."""
+    if after is None and inst.get("predicted_effective_max_running_requests") is not None:
+        after = inst["predicted_effective_max_running_requests"]
+    elif after is None and inst.get("prediction_missing"):
+        return f"{_num(before)} -> - ({inst['prediction_missing']})"
+    return f"{_num(before)} -> {_num(after)}" if after is not None or before is not None else "-"
+
+
+def instance_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for inst in result["instances"]:
         before = inst.get("effective_max_running_requests_before")
         after = inst.get("effective_max_running_requests_after")
-        capacity = f"{_num(before)} -> {_num(after)}" if after is not None or before is not None else "-"
+        capacity = capacity_cell(inst, before, after)
         note = ""
         if inst.get("action") not in ("unchanged", "relaunched", "started"):
             note = str(inst.get("msg") or "; ".join(inst.get("reasons") or []))

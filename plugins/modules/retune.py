@@ -36,6 +36,13 @@ description:
   - Evidence is never inferred from silence - nvidia-smi missing, hanging or unparsable, or a host
     unreachable mid-way fails the instance closed, quoting what was run and what came back.
   - One module execution per host per phase gathers what the phase needs for all instances.
+  - B(The generation clients) of the host (O(client_units)), when anything is to change - a client
+    that answers on its control socket (C(/run/sglang-fleet/clients/UNIT/control.sock)) is drained
+    per wave, only on the endpoints of that wave's instances (it finishes or requeues their
+    requests in flight within O(client_drain_timeout)), and resumes them after the wave, whatever
+    happened; the other instances keep generating. A running client that does not answer, whose
+    drain fails, or every running client when O(client_drain) is false, is stopped for the host's
+    retune and started again after it, whatever happened. RV(clients) and RV(notes) say which.
 version_added: 0.1.0
 author: sglang-fleet contributors
 options:
@@ -109,6 +116,29 @@ options:
     description: Relaunch instances even when unchanged.
     type: bool
     default: false
+  client_units:
+    description:
+      - systemd units of the generation clients on the host (the role's C(sglang_retune_client_units),
+        formerly C(sglang_retune_pause_units)).
+      - A running client that answers on its control socket is drained per wave, only on the
+        endpoints of the instances relaunched; one that does not answer is stopped for the host's
+        retune and started again after it.
+    type: list
+    elements: str
+    default: [sglang-fleet-generate.service]
+  client_drain:
+    description:
+      - Drain the answering generation clients per wave; C(false) stops every running client for
+        the host's retune and starts it again after.
+    type: bool
+    default: true
+  client_drain_timeout:
+    description:
+      - Seconds a drained client waits for its requests in flight on a wave's endpoints before it
+        requeues the rest on its other endpoints. The drain's lease (after which the client
+        resumes by itself, should the retune die) is derived from this and the wave's deadlines.
+    type: float
+    default: 120
   nvidia_smi:
     description: The nvidia-smi command on the host (or inside the container).
     type: str
@@ -211,4 +241,24 @@ round_trips:
   description: Module executions on the host per phase.
   returned: always
   type: dict
+clients:
+  description:
+    - Per generation client unit (empty when nothing was to change) - C(unit), C(mode) (C(drained)
+      per wave, C(stopped) for the retune, C(not running), C(not sending here)), C(why), C(sends_to)
+      (the host's instances it sends to), C(waves) (per wave drained - C(instances), C(waited_s),
+      C(abandoned) requests requeued elsewhere, C(resumed_capacity) per endpoint), and when stopped
+      C(stopped_s) and C(started_again).
+  returned: always
+  type: list
+  elements: dict
+clients_stopped:
+  description: The generation client units stopped during the retune (empty - no client ever stopped).
+  returned: always
+  type: list
+  elements: str
+notes:
+  description: Host-level lines for the summary - one per generation client, and anything else worth saying.
+  returned: when any
+  type: list
+  elements: str
 """

@@ -26,9 +26,15 @@ options:
       - C(release) waits until the GPU memory of the instances is released.
       - C(start) starts the units and proves a new, healthy process serving the expected settings.
       - C(record) records the current settings as the last good ones.
+      - C(clients) reports each generation client unit of C(client_units) in O(options) - its state, its
+        control socket's answer and which of the given instances it sends to (changes nothing).
+      - C(drain) and C(resume) drain and resume endpoints (C(clients) in O(options), unit to URLs) in the
+        generation clients through their control sockets; C(client_stop) and C(client_start) stop
+        and start the generation client units of C(client_units) in O(options).
+      - The generation client operations run on the host itself, never in a container.
     type: str
     required: true
-    choices: [inspect, stop, release, start, record]
+    choices: [inspect, stop, release, start, record, clients, drain, resume, client_stop, client_start]
   instances:
     description: Resolved instances (see M(sglang_ops.fleet.server_validate)), with per-phase keys.
     type: list
@@ -50,13 +56,14 @@ options:
   lock_run_id:
     description:
       - The run that holds the host lock (see M(sglang_ops.fleet.host_lock)). Every phase but
-        O(op=inspect) proves the lease this run's before it acts and renews it while it runs.
+        O(op=inspect) and O(op=clients) (which only read) proves the lease this run's before it
+        acts and renews it while it runs.
       - Without it, a phase that acts refuses while another live run holds the host lock.
     type: str
 attributes:
   check_mode:
     support: partial
-    details: Only O(op=inspect) runs in check mode.
+    details: Only O(op=inspect) and O(op=clients) run in check mode.
 """
 
 EXAMPLES = r"""
@@ -70,11 +77,15 @@ EXAMPLES = r"""
 RETURN = r"""
 instances:
   description: Per-instance results of the phase, keyed by instance name.
-  returned: always
+  returned: for the instance operations
+  type: dict
+clients:
+  description: Per generation client unit, what was found or done.
+  returned: for the generation client operations
   type: dict
 containers:
   description: Host-level evidence (GPU table, nvidia-smi errors) per container (C(host) for a bare host).
-  returned: always
+  returned: for the instance operations
   type: dict
 """
 
@@ -83,6 +94,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
 from ansible_collections.sglang_ops.fleet.plugins.module_utils._pct import group_by_container, run_agent
 
+INSTANCE_OPS = ("inspect", "stop", "release", "start", "record")
+# The generation clients of the host: on the host itself (where the clients run), once.
+CLIENT_OPS = ("clients", "drain", "resume", "client_stop", "client_start")
+# Operations that only read: no lease needed, and they run in check mode.
+READ_ONLY_OPS = ("inspect", "clients")
+
 
 def main() -> None:
     module = AnsibleModule(
@@ -90,7 +107,7 @@ def main() -> None:
             "op": {
                 "type": "str",
                 "required": True,
-                "choices": ["inspect", "stop", "release", "start", "record"],
+                "choices": [*INSTANCE_OPS, *CLIENT_OPS],
             },
             "instances": {"type": "list", "elements": "dict", "required": True},
             "options": {"type": "dict", "default": {}},
@@ -101,9 +118,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     op = module.params["op"]
-    if module.check_mode and op != "inspect":
+    if module.check_mode and op not in READ_ONLY_OPS:
         module.fail_json(msg=f"op={op} changes the host and cannot run in check mode")
-    if op == "inspect":
+    if op in READ_ONLY_OPS:
         run_phase(module)
         return
     try:
@@ -115,6 +132,9 @@ def main() -> None:
 
 def run_phase(module: AnsibleModule, renewer: _host_lock.Renewer | None = None) -> None:
     op = module.params["op"]
+    if op in CLIENT_OPS:
+        run_client_phase(module, renewer)
+        return
     groups = group_by_container(module.params["instances"])
     managed = group_by_container(module.params["managed_units"])
     merged: dict = {"instances": {}, "containers": {}}
@@ -138,6 +158,20 @@ def run_phase(module: AnsibleModule, renewer: _host_lock.Renewer | None = None) 
     if failures:
         module.fail_json(msg="; ".join(failures), changed=changed, **merged)
     module.exit_json(changed=changed, **merged)
+
+
+def run_client_phase(module: AnsibleModule, renewer: _host_lock.Renewer | None) -> None:
+    op = module.params["op"]
+    request = dict(module.params["options"])
+    request.update(op=op, instances=module.params["instances"])
+    result = run_agent(request, None, module.params["pct"])
+    if renewer is not None and renewer.lost:
+        result["lock_lost"] = renewer.lost
+    changed = op not in READ_ONLY_OPS
+    if result.get("failed"):
+        result.pop("failed")
+        module.fail_json(msg=str(result.pop("msg", "failed")), changed=changed, **result)
+    module.exit_json(changed=changed, **result)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings im
     describe_server_info,
     differences,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_clients import ClientsUnknown, RetuneClients
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_predict import predict_after
 
 UNCHANGED = "unchanged"
 RELAUNCHED = "relaunched"
@@ -166,6 +168,13 @@ def plan_waves(names: list[str], canary: bool | str, wave_size: int) -> list[lis
     return waves
 
 
+def _clients_in_the_way(units: list[str]) -> str:
+    return (
+        f"not touched: generation client(s) {', '.join(units)} may send to it and could not be stopped; "
+        "still running as it was"
+    )
+
+
 def _state_words(state: str) -> str:
     if state == "unverified":
         return "instance is UP but NOT VERIFIED (serving settings that failed their checks)"
@@ -177,7 +186,8 @@ def mib(values: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class Retune:
-    """One host's retune: inspect, decide, then per wave stop → release → start, with rollback."""
+    """One host's retune: inspect, decide, then per wave stop → release → start, with rollback;
+    around each wave the generation clients drain and resume its endpoints (_retune_clients)."""
 
     def __init__(self, instances: list[dict[str, Any]], options: Options, run_phase: PhaseRunner, check_mode: bool):
         self.instances = {i["name"]: i for i in instances}
@@ -188,6 +198,7 @@ class Retune:
         self.results: dict[str, dict[str, Any]] = {}
         self.round_trips: dict[str, int] = {}
         self.host_notes: list[str] = []
+        self.clients: RetuneClients | None = None
 
     # -- phases -------------------------------------------------------------------------------
 
@@ -234,12 +245,19 @@ class Retune:
                 self.results[name].update(action=FAILED, state=state, msg=f"{exc}: {consequence}")
             return None
 
+    def _client_phase(self, op: str, names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
+        """A generation client operation (on the host itself); its result as it came back."""
+        self.round_trips[op] = self.round_trips.get(op, 0) + 1
+        return self.run_phase(op, [dict(self.instances[n]) for n in names], {**self.opts.agent, **extra})
+
     # -- flow ---------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            inspected = self._phase("inspect", self.order)
+            # In check mode the inspect phase also reads each running instance's startup journal
+            # lines (op_observe's reader): the model facts of the predicted capacity.
+            inspected = self._phase("inspect", self.order, {"startup_journal": True} if self.check_mode else None)
         except PhaseError as exc:
             return self._final(t0, failed_msg=f"{exc}; nothing was changed")
         facts = inspected["instances"]
@@ -256,6 +274,7 @@ class Retune:
             self.results[name] = self._initial_result(name, facts.get(name, {}), decisions[name])
         blocked = [n for n in self.order if decisions[n].action == "blocked"]
         if self.check_mode:
+            self._predict(facts, inspected.get("gpus") or {})
             return self._final(t0, failed_msg=self._blocked_msg(blocked) if blocked else None)
         if blocked:
             # Bad evidence or something foreign in the way: touch nothing on this host.
@@ -275,7 +294,34 @@ class Retune:
                 self.host_notes.append(f"could not record last good settings: {exc}")
         to_change = [n for n in self.order if decisions[n].action in ("relaunch", "start")]
         waves = plan_waves(to_change, self.opts.canary, self.opts.wave_size)
-        failed_msg = None
+        if not waves:
+            return self._final(t0, failed_msg=None)
+        self.clients = RetuneClients(self._client_phase, self.opts)
+        try:
+            self.clients.discover(self.order, to_change)
+        except ClientsUnknown as exc:
+            for name in to_change:
+                self.results[name].update(
+                    action=SKIPPED, msg="not touched: the generation clients of the host could not be found out"
+                )
+            why = f"the generation clients could not be found out ({exc}); nothing was changed"
+            return self._final(t0, failed_msg=why)
+        try:
+            failed_msg = self._run_waves(waves, decisions)
+        finally:
+            # Whatever happened (a failed wave, a phase that raised): the clients stopped run again.
+            self.clients.start_stopped()
+        return self._final(t0, failed_msg=failed_msg)
+
+    def _run_waves(self, waves: list[list[str]], decisions: Mapping[str, Decision]) -> str | None:
+        """The waves in order, until one fails; returns why the retune stopped, if it did."""
+        assert self.clients is not None
+        unstoppable = self.clients.stop_undrained()
+        if unstoppable:
+            msg = _clients_in_the_way(unstoppable)
+            for name in (n for wave in waves for n in wave):
+                self.results[name].update(action=SKIPPED, msg=msg)
+            return f"{msg}; no instance was touched"
         for index, wave in enumerate(waves):
             ok = self._run_wave(wave, decisions)
             if not ok:
@@ -284,13 +330,21 @@ class Retune:
                         self.results[name].update(
                             action=SKIPPED, msg="not touched: an earlier wave failed; still running as it was"
                         )
-                failed_msg = "retune stopped after a failed wave: " + "; ".join(
+                return "retune stopped after a failed wave: " + "; ".join(
                     f"{n}: {self.results[n].get('msg')}"
                     for n in wave
-                    if self.results[n]["action"] in (FAILED, ROLLED_BACK)
+                    if self.results[n]["action"] not in (RELAUNCHED, STARTED)
                 )
-                break
-        return self._final(t0, failed_msg=failed_msg)
+        return None
+
+    def _predict(self, facts: Mapping[str, Any], gpus: Mapping[str, Any]) -> None:
+        """Check mode: the effective max running requests each instance that would be relaunched
+        or started is predicted to get (``_retune_predict``), or why not in one word."""
+        for name in self.order:
+            result = self.results[name]
+            if result["action"] not in (WOULD_RELAUNCH, WOULD_START):
+                continue
+            result.update(predict_after(self.instances[name], facts.get(name) or {}, gpus))
 
     def _blocked_msg(self, blocked: list[str]) -> str:
         return "failed closed, nothing changed on this host: " + "; ".join(
@@ -298,6 +352,20 @@ class Retune:
         )
 
     def _run_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
+        """Drain the wave's endpoints in the clients, stop → release → start (rollback), then
+        resume the endpoints whatever happened."""
+        assert self.clients is not None
+        unstoppable = self.clients.drain(wave)
+        try:
+            if unstoppable:
+                for name in wave:
+                    self.results[name].update(action=SKIPPED, msg=_clients_in_the_way(unstoppable))
+                return False
+            return self._relaunch_wave(wave, decisions)
+        finally:
+            self.clients.resume(wave)
+
+    def _relaunch_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
         stopped = self._stop_and_release(wave)
         if not stopped:
             return False
@@ -521,8 +589,19 @@ class Retune:
         unverified = [r["name"] for r in instances if r.get("state") == "unverified"]
         if unverified:
             result["unverified"] = unverified
-        if self.host_notes:
-            result["notes"] = self.host_notes
+        clients = self.clients
+        result["clients"] = clients.report() if clients else []
+        result["clients_stopped"] = clients.stopped() if clients else []
+        notes = (clients.notes() if clients else []) + self.host_notes
+        if notes:
+            result["notes"] = notes
+        not_started = clients.start_failures() if clients else {}
+        if not_started:
+            # The generation stopped on this host and stays stopped: a failure of the host.
+            also = "generation client(s) NOT started again after the retune: " + "; ".join(
+                f"{u} ({why})" for u, why in not_started.items()
+            )
+            failed_msg = f"{failed_msg}; {also}" if failed_msg else also
         if failed_msg:
             result["failed"] = True
             result["msg"] = failed_msg + (f" — DOWN: {', '.join(down)}" if down else "")

@@ -238,12 +238,32 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     _opt(
-        "pause_units",
+        "client_units",
         "list",
-        ROLE,
-        "systemd units of the generation clients, paused (SIGTERM) for the retune and resumed after.",
+        RETUNE,
+        "systemd units of the generation clients on the host (was sglang_retune_pause_units). A running client "
+        "that answers on its control socket (/run/sglang-fleet/clients/UNIT/control.sock) is drained per wave, "
+        "only on the endpoints of the instances relaunched, and keeps generating on the others; one that does not "
+        "answer is stopped for the host's retune and started again after it.",
         elements="str",
         default=["sglang-fleet-generate.service"],
+    ),
+    _opt(
+        "client_drain",
+        "bool",
+        RETUNE,
+        "Drain the answering generation clients per wave (true); false - stop every running client for the "
+        "host's retune and start it again after, as before 0.2.0.",
+        default=True,
+    ),
+    _opt(
+        # A long generation takes minutes; what is not done by then is requeued on other endpoints.
+        "client_drain_timeout",
+        "float",
+        RETUNE,
+        "Seconds a drained generation client waits for its requests in flight on a wave's endpoints before it "
+        "requeues the rest on its other endpoints.",
+        default=120.0,
     ),
 )
 
@@ -273,6 +293,9 @@ class Options:
     smoke_requests: int = default("smoke_requests")
     rollback: bool = default("rollback")
     force: bool = default("force")
+    client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
+    client_drain: bool = default("client_drain")
+    client_drain_timeout: float = default("client_drain_timeout")
     agent: dict[str, Any] = field(default_factory=dict)  # tool paths, state dirs, poll interval
 
     @classmethod

@@ -166,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--shard", help="check only host shard i/n")
     v.add_argument("--index-only", action="store_true", help="with --s3: read the id indexes, not the shards")
     v.add_argument("--show", type=int, default=20, help="ids to list per problem (default 20)")
+    v.add_argument(
+        "--in-progress",
+        action="store_true",
+        help="the job is still running: ids not done yet are not an error (nor an open shard's record being "
+        "written); doubled, unexpected and damaged records still are",
+    )
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_s3_client_args(v)
 
@@ -236,7 +242,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
             sources = [s for root in a.output for s in local_sources(root, notes)]
         if spec is not None:
             sources = [s for s in sources if f"-{spec.tag}" in s.name]
-        report = run_verify(a.prompts, sources, spec, a.show)
+        report = run_verify(a.prompts, sources, spec, a.show, in_progress=a.in_progress)
         report.notes.extend(notes)
     except (VerifyError, PromptFileError, ValueError) as e:
         log.error("%s", e)

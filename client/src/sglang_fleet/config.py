@@ -144,6 +144,7 @@ class S3Config:
 
 _CONCURRENCY_GROUP = "concurrency and retries"
 _OUTPUT_GROUP = "output"
+_CONTROL_GROUP = "control"
 
 
 @dataclass
@@ -251,6 +252,22 @@ class GenerateConfig:
     )
     control_file: Path | None = field(default=None, metadata=doc("default: OUTPUT/control.json", group=_OUTPUT_GROUP))
     status_file: Path | None = field(default=None, metadata=doc("default: OUTPUT/status.json", group=_OUTPUT_GROUP))
+    control_socket: str = field(
+        default="",
+        metadata=doc(
+            "Unix socket (0600) through which a retune drains and resumes endpoints; empty: none",
+            group=_CONTROL_GROUP,
+            metavar="PATH",
+        ),
+    )
+    endpoint_log: str = field(
+        default="",
+        metadata=doc(
+            "append one JSON line per endpoint state change (up, down, drained, resumed, capacity); empty: none",
+            group=_CONTROL_GROUP,
+            metavar="PATH",
+        ),
+    )
     s3: S3Config | None = field(default=None, metadata=doc("upload closed shards (see the s3.* settings)", flag=None))
 
     def backoff(self, base: float | None = None) -> Backoff:
@@ -479,6 +496,9 @@ def normalise_endpoint(url: str) -> str:
     return url
 
 
+_SOCKET_PATH_MAX = 107  # sockaddr_un.sun_path less its terminating NUL (Linux)
+
+
 def _positive(name: str, v: float, *, allow_zero: bool = False) -> None:
     if not isinstance(v, int | float) or isinstance(v, bool) or math.isnan(v) or v < 0 or (v == 0 and not allow_zero):
         raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
@@ -533,6 +553,11 @@ def validate(cfg: GenerateConfig) -> None:
         raise ConfigError("max_consecutive_failures must be an integer >= 0 (0 = never stop)")
     if not isinstance(cfg.sampling, dict) or not isinstance(cfg.extra_body, dict):
         raise ConfigError("sampling and extra_body must be mappings")
+    for name in ("control_socket", "endpoint_log"):
+        if not isinstance(getattr(cfg, name), str):
+            raise ConfigError(f"{name} must be a path (a string), got {getattr(cfg, name)!r}")
+    if len(os.fsencode(os.path.expanduser(cfg.control_socket))) > _SOCKET_PATH_MAX:
+        raise ConfigError(f"control_socket is longer than a Unix socket path may be ({_SOCKET_PATH_MAX} bytes)")
     if cfg.reasoning.effort is not None and not isinstance(cfg.reasoning.effort, str):
         raise ConfigError("reasoning.effort must be a string")
     if cfg.s3 is not None:

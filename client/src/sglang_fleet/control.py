@@ -18,7 +18,7 @@ from sglang_fleet.endpoints import Endpoint
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # bad config or prompts file: restarting will not help
+EXIT_USAGE = 2  # bad config or prompts file, or the control socket in use: restarting will not help
 EXIT_ENDPOINTS = 3  # no endpoint usable: may help later
 EXIT_FAILURES = 4  # too many prompts failing in a row: most likely the request config
 EXIT_STORE = 5  # output directory locked by another process or damaged
@@ -111,7 +111,7 @@ class RunControl:
         self._control_mtime = None
         self.apply(force=True)
         for ep in self.endpoints:
-            if ep.is_up:
+            if ep.usable:
                 self._spawn(ep.refresh_capacity(), f"capacity {ep.url}")
 
     # ------------------------------------------------------------------ control.json

@@ -63,8 +63,11 @@ class Dispatcher:
         self.endpoints = endpoints
         self._rotate = rotate  # closes the open shard once it is due (checked after each record)
         self._retry = cfg.backoff()
-        self.inflight: set[asyncio.Task[None]] = set()
+        # Each request in flight, with its endpoint and prompt.
+        self.inflight: dict[asyncio.Task[None], tuple[Endpoint, WorkItem]] = {}
         self._consecutive_failures = 0
+        # Given to every endpoint: called at each of its state changes (the endpoint log).
+        self.on_endpoint_event: Callable[[Endpoint, str], None] | None = None
 
     # ------------------------------------------------------------------ endpoints
     def make_endpoints(self) -> None:
@@ -82,6 +85,7 @@ class Dispatcher:
                     backoff=self.cfg.backoff(),
                 )
             )
+            self.endpoints[-1].on_event = self.on_endpoint_event
 
     async def start_endpoints(self) -> None:
         """Wait (up to startup_timeout) for at least one endpoint; the rest join when they come up."""
@@ -90,9 +94,12 @@ class Dispatcher:
         # The probes at start follow the schedule of an endpoint that is down, from a shorter first wait.
         delays = self.cfg.backoff(base=0.5).capped(PROBE_INTERVAL_MAX).delays()
         while True:
-            results = await asyncio.gather(*(ep.probe() for ep in self.endpoints if ep.state == "starting"))
-            pending = [ep for ep in self.endpoints if ep.state == "starting"]
+            # A drained endpoint is not probed: its resume (or lapsed lease) checks it.
+            pending = [ep for ep in self.endpoints if ep.state == "starting" and not ep.drained]
+            results = await asyncio.gather(*(ep.probe() for ep in pending))
             for ep, (ok, reason) in zip(pending, results, strict=True):
+                if ep.state != "starting" or ep.drained:
+                    continue  # drained (or resumed) while probed: that decides
                 if ok:
                     await ep.refresh_capacity()
                     ep.mark_up()
@@ -101,7 +108,7 @@ class Dispatcher:
                     ep.disable(reason)
                 else:
                     reasons[ep.url] = reason
-            if any(ep.is_up for ep in self.endpoints):
+            if any(ep.usable for ep in self.endpoints):
                 break
             if all(ep.state == "disabled" for ep in self.endpoints):
                 raise FatalError(
@@ -109,20 +116,22 @@ class Dispatcher:
                     + "; ".join(f"{ep.url}: {ep.disabled_reason}" for ep in self.endpoints),
                     EXIT_ENDPOINTS,
                 )
-            if time.monotonic() >= deadline:
+            # A drain bounds itself (its lease), so waiting for a drained endpoint is not waiting forever.
+            drained = any(ep.drained and ep.state == "starting" for ep in self.endpoints)
+            if time.monotonic() >= deadline and not drained:
                 detail = "; ".join(f"{u}: {r}" for u, r in reasons.items())
                 raise FatalError(f"no endpoint reachable after {self.cfg.startup_timeout:g}s: {detail}", EXIT_ENDPOINTS)
             if await self.control.sleep_or_stop(min(next(delays), max(0.0, deadline - time.monotonic()))):
                 raise FatalError("stopped while waiting for endpoints", EXIT_OK)
         for ep in self.endpoints:
-            if ep.state == "starting":
+            if ep.state == "starting" and not ep.drained:
                 ep.mark_down(reasons.get(ep.url, "not ready at start"))
 
     # ------------------------------------------------------------------ sending
     async def dispatch(self, ep: Endpoint) -> None:
         control = self.control
         while not control.stop.is_set():
-            if not ep.is_up:
+            if not ep.usable:
                 if ep.state == "disabled":
                     return
                 await ep.wait_up()
@@ -139,14 +148,18 @@ class Dispatcher:
             if item is None:
                 ep.limiter.release()
                 return
-            if not ep.is_up or control.paused or control.stop.is_set():
+            if not ep.usable or control.paused or control.stop.is_set():
                 self.work.requeue(item, 0.0)
                 self.work.done_with()
                 ep.limiter.release()
                 continue
-            task = asyncio.create_task(self._run_one(ep, item))
-            self.inflight.add(task)
-            task.add_done_callback(self.inflight.discard)
+            # Counted in flight from here, synchronously: a drain that comes before the task first
+            # runs must wait for it.
+            task = asyncio.create_task(self._attempt(ep, item))
+            ep.in_flight += 1
+            ep.peak_in_flight = max(ep.peak_in_flight, ep.in_flight)
+            self.inflight[task] = (ep, item)
+            task.add_done_callback(self._ended)
             if len(self.endpoints) > 1:
                 # Without a yield here, the first endpoint's dispatcher would take every queued
                 # prompt while it has free slots, and the others would wait for the next batch.
@@ -168,14 +181,36 @@ class Dispatcher:
                 t.cancel()
             await asyncio.gather(*left, return_exceptions=True)
 
-    async def _run_one(self, ep: Endpoint, item: WorkItem) -> None:
-        ep.in_flight += 1
-        try:
-            await self._attempt(ep, item)
-        finally:
-            ep.in_flight -= 1
-            ep.limiter.release()
-            self.work.done_with()
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A request's end, however it ended (a done callback: this runs even for a task cancelled
+        before it started)."""
+        ep, item = self.inflight.pop(task)
+        ep.in_flight -= 1
+        ep.limiter.release()
+        if item.abandoned:
+            item.abandoned = False
+            if task.cancelled():
+                # Abandoned by a drain's deadline: no record was written (see _attempt), so the
+                # prompt goes back to the queue, before done_with, which may end the run.
+                self.work.requeue(item, 0.0)
+        self.work.done_with()
+
+    async def wait_drained(self, endpoints: list[Endpoint], timeout: float) -> int:
+        """Wait until no request to ``endpoints`` is in flight, for at most ``timeout`` seconds; then
+        cancel the attempts still open at endpoints still drained, and requeue their prompts for the
+        other endpoints. Returns how many were abandoned. The endpoints are drained already, so no new
+        request to them starts meanwhile."""
+        targets = set(endpoints)
+        tasks = [t for t, (ep, _) in self.inflight.items() if ep in targets]
+        if tasks and timeout > 0:
+            await asyncio.wait(tasks, timeout=timeout)
+        left = [t for t in tasks if not t.done() and self.inflight[t][0].drained]
+        for t in left:
+            self.inflight[t][1].abandoned = True
+            t.cancel()
+        if left:
+            await asyncio.wait(left)  # a cancelled attempt ends at its next step
+        return sum(1 for t in left if t.cancelled())
 
     async def _attempt(self, ep: Endpoint, item: WorkItem) -> None:
         body = self.builder.body(item.prompt)
@@ -224,6 +259,10 @@ class Dispatcher:
         if self.cfg.include_input:
             record["input"] = item.prompt.messages if item.prompt.messages is not None else item.prompt.text
         line = COMPACT_JSON.encode(record).encode("utf-8", "surrogatepass") + b"\n"
+        if item.abandoned:
+            # Cannot happen (nothing is awaited between the answer and here, and a cancel is taken at
+            # an await), but a cancelled attempt must never also write: its prompt is requeued.
+            raise asyncio.CancelledError
         self.store.append_record(item.prompt.id, line)
         self.stats.succeeded += 1
         ep.completed += 1
@@ -240,6 +279,11 @@ class Dispatcher:
         self.stats.errors[err.kind.value] += 1
         item.last_error = err.reason
         cfg = self.cfg
+        if ep.drained and err.kind is not Kind.PERMANENT:
+            # A retune is relaunching this server: its errors count against neither the prompt nor
+            # the endpoint (no attempt used, not marked down); the prompt goes to the other endpoints.
+            self.work.requeue(item, 0.0)
+            return
         if err.kind is Kind.UNAVAILABLE:
             ep.mark_down(err.reason)
             item.unavailable += 1

@@ -3,6 +3,14 @@
 A server that refuses connections or answers 503 is *down*: nothing is sent to it, and one task
 probes ``/health`` with exponential backoff and jitter until it answers 200, then re-reads
 ``/server_info`` (a relaunch may have changed its capacity) and opens it again.
+
+Apart from its health, an endpoint can be *drained* through the control socket (a retune relaunching
+its server): nothing new is sent to it, it is not probed, and its errors count against nothing. A
+drain ends with a resume, another drain, or its lease; the endpoint then proves itself with
+``/health`` and ``/server_info`` before it is used again.
+
+Each endpoint keeps, cheaply (work at state changes only), how long it served and how long it did
+not since it was first up, and its last not-serving intervals, for status.json and the endpoint log.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sglang_fleet.backoff import Backoff
@@ -23,6 +32,16 @@ log = logging.getLogger(__name__)
 # Health probes of a server that is down (or not up yet at start) are never further apart than
 # this, whatever backoff_max says: a relaunched server is back in use within seconds.
 PROBE_INTERVAL_MAX = 10.0
+# How long a resume (or a lapsed drain) waits for the server's /health and /server_info before the
+# endpoint goes down and is probed as usual.
+RESUME_TIMEOUT_S = 30.0
+_RESUME_BACKOFF = Backoff(0.2, 2.0)
+# Not-serving intervals kept per endpoint (status.json).
+INTERVALS_KEPT = 100
+
+# The capacity ledger's segments: before the first "up" nothing counts; then the endpoint is serving
+# (up and not drained) or not (drained, or down/starting/disabled).
+_PRE, _SERVING, _DRAINED, _DOWN = "pre", "serving", "drained", "down"
 
 
 class AdjustableLimiter:
@@ -121,10 +140,27 @@ class Endpoint:
         self._probe_task: asyncio.Task[None] | None = None
         self.probe_backoff = backoff.capped(PROBE_INTERVAL_MAX)
         self.in_flight = 0
+        self.peak_in_flight = 0  # since the last change of the concurrency limit
         self.completed = 0
         self.errors: collections.Counter[str] = collections.Counter()
         self.down_since: float | None = None
         self.relaunches_seen = 0
+        # Called with (endpoint, event) at each state change: up, down, drained, resumed, capacity.
+        self.on_event: Callable[[Endpoint, str], None] | None = None
+        # Drains (control socket).
+        self.drained = False
+        self.drained_by = ""
+        self.drains = 0
+        self._drain_seq = 0  # bumped by every drain and resume: a slower resume check then stands down
+        self._lease: asyncio.TimerHandle | None = None
+        self._resume_task: asyncio.Task[int | None] | None = None
+        # The capacity ledger (see _account).
+        self._segment = _PRE
+        self._segment_since = time.monotonic()
+        self.serving_s = 0.0
+        self.not_serving_s = 0.0
+        self.drained_s = 0.0
+        self.intervals: collections.deque[dict[str, Any]] = collections.deque(maxlen=INTERVALS_KEPT)
 
     # ------------------------------------------------------------------ concurrency
     def _target_limit(self) -> int:
@@ -143,6 +179,65 @@ class Endpoint:
         if new != self.limiter.limit:
             log.info("%s: concurrency %d -> %d", self.url, self.limiter.limit, new)
             self.limiter.set_limit(new)
+            self.peak_in_flight = self.in_flight
+            self._emit("capacity")
+
+    # ------------------------------------------------------------------ state changes
+    @property
+    def usable(self) -> bool:
+        """Requests may be sent here: up and not drained."""
+        return self.state == "up" and not self.drained
+
+    def _emit(self, event: str) -> None:
+        if self.on_event is not None:
+            self.on_event(self, event)
+
+    def _changed(self) -> None:
+        """After any change of state or drain: wake or hold the dispatcher, and keep the ledger."""
+        if self.usable:
+            self._up.set()
+        else:
+            self._up.clear()
+        self._account()
+
+    def _account(self) -> None:
+        if self.usable:
+            segment = _SERVING
+        elif self._segment == _PRE:
+            return  # not up yet since the run started: nothing lost so far
+        else:
+            segment = _DRAINED if self.drained else _DOWN
+        if segment == self._segment:
+            return
+        now = time.monotonic()
+        self._close_segment(now)
+        if segment != _SERVING:
+            self.intervals.append({"from": round(time.time(), 3), "to": None, "why": segment})
+        self._segment = segment
+        self._segment_since = now
+
+    def _close_segment(self, now: float) -> None:
+        dt = now - self._segment_since
+        if self._segment == _SERVING:
+            self.serving_s += dt
+        elif self._segment != _PRE:
+            self.not_serving_s += dt
+            if self._segment == _DRAINED:
+                self.drained_s += dt
+            if self.intervals and self.intervals[-1]["to"] is None:
+                self.intervals[-1]["to"] = round(time.time(), 3)
+
+    def ledger(self) -> dict[str, float]:
+        """Seconds served, not served (since first up) and drained, the current segment included."""
+        dt = time.monotonic() - self._segment_since
+        serving, not_serving, drained = self.serving_s, self.not_serving_s, self.drained_s
+        if self._segment == _SERVING:
+            serving += dt
+        elif self._segment != _PRE:
+            not_serving += dt
+            if self._segment == _DRAINED:
+                drained += dt
+        return {"serving_s": round(serving, 3), "not_serving_s": round(not_serving, 3), "drained_s": round(drained, 3)}
 
     # ------------------------------------------------------------------ health
     @property
@@ -169,7 +264,8 @@ class Endpoint:
             return False, f"health: HTTP {resp.status}"
         return True, "ok"
 
-    async def refresh_capacity(self, timeout: float = 10.0) -> None:
+    async def refresh_capacity(self, timeout: float = 10.0) -> bool:
+        """Re-read the server's capacity and apply it; False if /server_info could not be read."""
         info: Any = None
         try:
             async with asyncio.timeout(timeout):
@@ -180,7 +276,7 @@ class Endpoint:
                         break
         except (TimeoutError, HTTPError, ValueError) as e:
             log.warning("%s: cannot read server info (%s); concurrency stays %d", self.url, e, self.limiter.limit)
-            return
+            return False
         cap = capacity_from_server_info(info)
         if cap != self.server_capacity:
             if cap is None:
@@ -193,6 +289,7 @@ class Endpoint:
                 log.info("%s: server runs up to %d requests at once", self.url, cap)
         self.server_capacity = cap
         self._apply_limit()
+        return True
 
     def mark_up(self) -> None:
         if self.state != "up":
@@ -201,19 +298,28 @@ class Endpoint:
             self.state = "up"
             self.state_reason = ""
             self.down_since = None
-            self._up.set()
+            self._changed()
+            self._emit("up")
 
     def mark_down(self, reason: str) -> None:
-        """Stop sending here and start probing, once (many failing requests call this together)."""
-        if self.state in ("down", "disabled"):
+        """Stop sending here and start probing, once (many failing requests call this together).
+        A drained endpoint is left alone: its server is being relaunched, and its resume checks it."""
+        if self.state in ("down", "disabled") or self.drained:
             return
+        self._go_down(reason)
+
+    def _go_down(self, reason: str) -> None:
+        was_down = self.state == "down"
         if self.state == "up":
             log.warning("%s: down (%s); its requests wait for it", self.url, reason)
             self.relaunches_seen += 1
         self.state = "down"
         self.state_reason = reason
-        self.down_since = time.monotonic()
-        self._up.clear()
+        if not was_down:
+            self.down_since = time.monotonic()
+        self._changed()
+        if not was_down:
+            self._emit("down")
         if self._probe_task is None or self._probe_task.done():
             self._probe_task = asyncio.create_task(self._recover(), name=f"probe {self.url}")
 
@@ -222,16 +328,98 @@ class Endpoint:
         self.state = "disabled"
         self.disabled_reason = reason
         self.state_reason = reason
-        self._up.clear()
+        self._changed()
+        self._emit("down")
+
+    # ------------------------------------------------------------------ drain and resume
+    def drain(self, lease: float, by: str) -> None:
+        """Send nothing more here (the caller waits for the requests in flight) until a resume, or
+        until ``lease`` seconds from now, whichever comes first. A new drain renews the lease."""
+        self._drain_seq += 1
+        self._cancel_lease()
+        self._lease = asyncio.get_running_loop().call_later(lease, self._lease_lapsed, by, lease)
+        self.drained_by = by
+        if self.drained:
+            return
+        self.drained = True
+        self.drains += 1
+        if self._probe_task is not None:  # a drained endpoint is not probed
+            self._probe_task.cancel()
+            self._probe_task = None
+        self._changed()
+        self._emit("drained")
+
+    def _cancel_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.cancel()
+            self._lease = None
+
+    def _lease_lapsed(self, by: str, lease: float) -> None:
+        self._lease = None
+        if not self.drained:
+            return
+        log.warning("%s: the drain asked by %s lapsed after %gs without a resume; using it again", self.url, by, lease)
+        self._resume_task = asyncio.create_task(self.resume(), name=f"lapsed drain {self.url}")
+
+    async def resume(self, timeout: float = RESUME_TIMEOUT_S) -> int | None:
+        """End a drain: check the server (``/health``, then its capacity from ``/server_info``) for at
+        most ``timeout`` seconds, then use it again, or, if it does not answer, mark it down (and probe
+        it as usual). Returns the concurrency limit now in force, or None if the endpoint is not usable."""
+        self._cancel_lease()
+        self._drain_seq += 1
+        seq = self._drain_seq
+        if self.state == "disabled":
+            self._undrain()
+            return None
+        self.pool.drop_idle()  # connections to the server before its relaunch are dead
+        ok, reason = await self._check_back(timeout)
+        if seq != self._drain_seq:
+            return None  # a drain or another resume came meanwhile: it decides
+        if self.state == "disabled":  # refused the API key meanwhile
+            self._undrain()
+            return None
+        # The state is settled before the drain is lifted, so the ledger goes straight from drained
+        # to serving (or to down).
+        was_drained, self.drained = self.drained, False
+        if was_drained:
+            self._emit("resumed")
+        if not ok:
+            self._go_down(f"not ready after resume: {reason}")
+            return None
+        if self.state != "up":
+            self.mark_up()
+        else:
+            self._changed()
+        return self.limiter.limit
+
+    def _undrain(self) -> None:
+        if self.drained:
+            self.drained = False
+            self._changed()
+            self._emit("resumed")
+
+    async def _check_back(self, timeout: float) -> tuple[bool, str]:
+        deadline = time.monotonic() + timeout
+        delays = _RESUME_BACKOFF.delays()
+        reason = f"no answer within {timeout:g}s"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False, reason
+            ok, reason = await self.probe(timeout=min(10.0, left))
+            if ok:
+                await self.refresh_capacity(timeout=max(0.5, min(10.0, deadline - time.monotonic())))
+                return True, "ok"
+            await asyncio.sleep(max(0.0, min(next(delays), deadline - time.monotonic())))
 
     async def _recover(self) -> None:
         delays = self.probe_backoff.delays()
         last_logged = time.monotonic()
-        while self.state == "down":
+        while self.state == "down" and not self.drained:
             ok, reason = await self.probe()
             if ok:
                 await self.refresh_capacity()
-                if self.state == "down":
+                if self.state == "down" and not self.drained:
                     self.mark_up()
                 return
             self.state_reason = reason
@@ -242,19 +430,28 @@ class Endpoint:
             await asyncio.sleep(next(delays))
 
     async def close(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        self._cancel_lease()
+        for task in (self._probe_task, self._resume_task):
+            if task is not None:
+                task.cancel()
         await self.pool.close()
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "state": self.state,
             "reason": self.state_reason or None,
+            "drained": self.drained,
+            "drained_by": self.drained_by if self.drained else None,
             "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
             "concurrency": self.limiter.limit,
+            "capacity": self.limiter.limit,
             "server_capacity": self.server_capacity,
             "completed": self.completed,
             "outages": self.relaunches_seen,
             "errors": dict(self.errors),
             "down_for_s": round(time.monotonic() - self.down_since, 1) if self.down_since else None,
+            **self.ledger(),
+            "drains": self.drains,
+            "intervals": [dict(i) for i in self.intervals],
         }

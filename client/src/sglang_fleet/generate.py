@@ -2,8 +2,9 @@
 
 ``Generator`` runs a job from start to end and composes the parts that do the work:
 ``workqueue`` (the prompts left and their queue), ``dispatch`` (endpoints, requests, records and
-failures), ``control`` (signals, stop, pause, ``control.json``), ``status`` (progress and
-``status.json``) and ``uploads`` (closing shards, S3).
+failures), ``control`` (signals, stop, pause, ``control.json``), ``control_socket`` (drain and
+resume of endpoints by a retune), ``status`` (progress, ``status.json``, the endpoint log) and
+``uploads`` (closing shards, S3).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Any
 from sglang_fleet import __version__
 from sglang_fleet.config import GenerateConfig
 from sglang_fleet.control import EXIT_OK, EXIT_STORE, EXIT_USAGE, FatalError, RunControl
+from sglang_fleet.control_socket import ControlServer, ControlSocketError
 from sglang_fleet.dispatch import Dispatcher
 from sglang_fleet.endpoints import Endpoint
 from sglang_fleet.ids import IdContainer
 from sglang_fleet.progress import Stats
 from sglang_fleet.prompts import PromptFileError, ScanResult
-from sglang_fleet.status import StatusReporter
+from sglang_fleet.status import EndpointLog, StatusReporter
 from sglang_fleet.store import OutputStore, StoreError
 from sglang_fleet.uploads import Uploads
 from sglang_fleet.workqueue import WorkQueue, feed, scan
@@ -66,6 +68,8 @@ class Generator:
             endpoints=self.endpoints,
             uploads=self.uploads,
         )
+        self.control_server: ControlServer | None = None
+        self.endpoint_log: EndpointLog | None = None
         self._scan: ScanResult | None = None
         self._generation_started: float | None = None
         self._generation_ended: float | None = None
@@ -101,6 +105,29 @@ class Generator:
         )
         report = self.store.open(prompts=cfg.prompts)
         try:
+            # The endpoints exist from here (idle until the prompts are known), so that the control
+            # socket, opened early to fail fast when its path is taken, can name them.
+            if cfg.endpoint_log:
+                path = Path(cfg.endpoint_log).expanduser()
+                try:
+                    self.endpoint_log = EndpointLog(path)
+                except OSError as e:
+                    raise FatalError(f"endpoint_log {path}: {e.strerror or e}", EXIT_USAGE) from None
+                self.dispatcher.on_endpoint_event = self.endpoint_log.write
+            self.dispatcher.make_endpoints()
+            if cfg.control_socket:
+                self.control_server = ControlServer(
+                    Path(cfg.control_socket).expanduser(),
+                    cfg=cfg,
+                    endpoints=self.endpoints,
+                    dispatcher=self.dispatcher,
+                    control=self.control,
+                )
+                try:
+                    await self.control_server.start()
+                except ControlSocketError as e:
+                    self.control_server = None
+                    raise FatalError(str(e), EXIT_USAGE) from None
             if report.recovered_shards or report.truncated_bytes:
                 log.info(
                     "recovered %d open shard(s) after an unclean stop, cut %d torn bytes",
@@ -127,7 +154,6 @@ class Generator:
                 failed_before,
                 time.monotonic() - t0,
             )
-            self.dispatcher.make_endpoints()
             return await self._generate()
         finally:
             await self._shutdown()
@@ -207,6 +233,9 @@ class Generator:
 
     async def _shutdown(self) -> None:
         control = self.control
+        if self.control_server is not None:
+            # Nothing more is sent to any endpoint: drains and resumes have nothing left to act on.
+            await self.control_server.close()
         # The status ticker runs on through the final upload, which can take a while.
         await self._cancel_background({"s3", "ticker"}, keep=True)
         await self.uploads.wait_closed()
@@ -219,6 +248,8 @@ class Generator:
         await self._cancel_background(None)
         for ep in self.endpoints:
             await ep.close()
+        if self.endpoint_log is not None:
+            self.endpoint_log.close()
         ran = control.state in _RAN
         control.state = "stopped" if control.state != "finishing" else "done"
         self.status.finish()

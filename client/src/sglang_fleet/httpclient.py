@@ -214,6 +214,11 @@ class HTTPPool:
             raise ConnectionLost(f"{self.host}:{self.port}: {e.strerror or e}") from None
         return Response(status, reason, headers, body), keep
 
+    def drop_idle(self) -> None:
+        """Close the idle connections (the server behind them was relaunched)."""
+        while self._idle:
+            self._idle.pop().close()
+
     async def close(self) -> None:
         self._closed = True
         while self._idle:

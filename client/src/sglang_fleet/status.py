@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from sglang_fleet import __version__
@@ -98,6 +100,7 @@ class StatusReporter:
             "in_flight": sum(ep.in_flight for ep in self.endpoints),
             "queued": self.work.waiting,
             "errors": dict(s.errors),
+            "control_socket": self.cfg.control_socket or None,
             "endpoints": {ep.url: ep.snapshot() for ep in self.endpoints},
             "shards": {
                 "closed": len(self.store.closed_shards()),
@@ -113,3 +116,37 @@ class StatusReporter:
         self.progress.finish()
         with contextlib.suppress(OSError):
             write_status(self.cfg.status_path, self.status())
+
+
+class EndpointLog:
+    """The ``endpoint_log`` file: one JSON line per endpoint state change,
+    ``{"t": unix time, "url", "event": up|down|drained|resumed|capacity, "capacity": concurrency limit}``,
+    and one when the client starts and when it stops (``{"t", "event": client_start|client_stop,
+    "pid"}``: no endpoint is served in between), appended with one ``write()`` each (state changes
+    are rare; requests write nothing here)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._failed = False
+        self._append({"t": round(time.time(), 3), "event": "client_start", "pid": os.getpid()})
+
+    def write(self, ep: Endpoint, event: str) -> None:
+        self._append({"t": round(time.time(), 3), "url": ep.url, "event": event, "capacity": ep.limiter.limit})
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+        except OSError as e:
+            if not self._failed:
+                self._failed = True
+                log.warning("cannot write %s: %s", self.path, e)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._append({"t": round(time.time(), 3), "event": "client_stop", "pid": os.getpid()})
+            os.close(self._fd)
+            self._fd = None

@@ -41,6 +41,9 @@ class WorkItem:
     unavailable: int = 0
     last_error: str = ""
     enqueued: float = field(default_factory=time.monotonic)
+    # Set just before its attempt is cancelled by a drain's deadline: the prompt is then requeued for
+    # the other endpoints, and that attempt can no longer write a record.
+    abandoned: bool = False
 
 
 class WorkQueue:

@@ -1,10 +1,10 @@
-"""sglang-fleet-ops: plan, apply, drift and status of an sglang-fleet, as data.
+"""sglang-fleet-ops: plan, apply, drift, status and tuning advice of an sglang-fleet, as data.
 
 Exit statuses: 0 nothing to do / done / all good; 2 changes pending (plan), drift found (drift),
 an instance not running its desired settings healthy (status); 1 error; 3 apply refused: the
 saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
-run holds the fleet lock. Every command writes ``summary.json`` and ``summary.md`` in its run dir
-and prints ``artifacts: <run dir>`` as its last line.
+run holds the fleet lock. advise: 0 advice produced, 1 error. Every command writes ``summary.json``
+and ``summary.md`` in its run dir and prints ``artifacts: <run dir>`` as its last line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import advise as advise_mod
 from . import apply as apply_mod
+from . import trial as trial_mod
 from .plan import build_plan, drift, plan_exit, plan_markdown
 from .runner import Request, Run, Runner, new_run_dir, run_playbook
 from .status import build_status, status_exit, status_table
@@ -49,6 +51,37 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per instance and generation client: state, load, progress")
     common(p)
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    p = sub.add_parser("advise", help="what limits each instance's throughput, and the change to make (read-only)")
+    common(p)
+    p.add_argument("--window", type=float, help="seconds to observe (default: the playbook's, 300)")
+    p.add_argument("--interval", type=float, help="seconds between metrics samples (default: 5)")
+    p.add_argument("--prometheus", help="Prometheus base URL: read the window from it instead of sampling")
+    p.add_argument("--out", type=Path, help="where the inventory patch goes (default: the playbook's advice/)")
+    p.add_argument("--json", action="store_true", help="the report as JSON instead of text")
+    p.add_argument(
+        "--trial",
+        action="store_true",
+        help="apply one group's proposal to ONE canary instance (retune.yml), measure it against the group's "
+        "untouched instances over the window, keep it if the gain reaches --threshold, else put it back",
+    )
+    p.add_argument(
+        "--group",
+        type=int,
+        help="--trial: the group to try (1-based, report order; default: the first with server settings to change)",
+    )
+    p.add_argument("--canary", help="--trial: the canary, host/instance (default: the group's first)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=trial_mod.DEFAULT_THRESHOLD,
+        help="--trial: the throughput gain kept (default 1.10: 10%% more than the untouched mean)",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=60.0,
+        help="--trial: seconds between the canary's relaunch and the measuring window (default 60)",
+    )
     return parser
 
 
@@ -100,8 +133,10 @@ class Command:
         self.run_dir = new_run_dir(self.project, args.command)
         self.runs: list[Run] = []
 
-    def run(self, request: Request) -> Run:
-        result = self.runner(self.run_dir, self.project, self.args.inventory, self.args.limit, request)
+    def run(self, request: Request, limit: str | None = None) -> Run:
+        """One playbook run, limited to ``limit`` (hosts; default: the command's --limit)."""
+        limit = self.args.limit if limit is None else limit
+        result = self.runner(self.run_dir, self.project, self.args.inventory, limit, request)
         self.runs.append(result)
         return result
 
@@ -206,7 +241,79 @@ def cmd_status(c: Command) -> int:
     return c.finish(code, status, "## Status\n\n```\n" + table + "```\n")
 
 
-COMMANDS = {"plan": cmd_plan, "apply": cmd_apply, "drift": cmd_drift, "status": cmd_status}
+def cmd_advise(c: Command) -> int:
+    if c.args.trial:
+        return cmd_trial(c)
+    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.args.out)
+    request = Request(advise_mod.ADVISE_PLAYBOOK, "advise", extravars=extravars, progress=True)
+    advice = advise_mod.build_advice(c.run(request))
+    code = advise_mod.advise_exit(advice)
+    if advice["report"] is not None:
+        write_json(c.run_dir / "advice.json", advice["report"])
+    if advice["patch_yaml"]:
+        write_text(c.run_dir / "sglang-fleet-advice.yml", advice["patch_yaml"])
+    if c.args.json:
+        print(json.dumps(advice["report"], indent=2, default=str), file=c.out)
+    else:
+        print(advice["text"], end="", file=c.out)
+    c.problems(advice["problems"])
+    markdown = "## Advice\n\n```\n" + advice["text"] + "```\n"
+    if advice["problems"]:
+        markdown += "\n### Problems\n\n" + "".join(f"- {p}\n" for p in advice["problems"])
+    summary = {
+        "advice": "advice.json" if advice["report"] is not None else None,
+        "patch": advice["patch_path"],
+        "diagnoses": (advice["report"] or {}).get("diagnoses"),
+        "problems": advice["problems"],
+    }
+    return c.finish(code, summary, markdown)
+
+
+def cmd_trial(c: Command) -> int:
+    """advise --trial: the proposal of one group on one canary, kept or put back (trial.py)."""
+    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.args.out)
+    count = {"advise": 0}
+
+    def advise_run(limit: str | None, window: float | None) -> dict[str, Any]:
+        count["advise"] += 1
+        ident = "advise" if count["advise"] == 1 else "trial-observe"
+        request = Request(advise_mod.ADVISE_PLAYBOOK, ident, extravars=dict(extravars), progress=True)
+        advice = advise_mod.build_advice(c.run(request, limit))
+        if advice["report"] is not None:
+            write_json(c.run_dir / f"{ident}.json", advice["report"])
+        return advice
+
+    def retune_run(limit: str, extra: dict[str, Any], ident: str) -> dict[str, Any]:
+        outcome = apply_mod.build_outcome(c.run(Request(RETUNE_PLAYBOOK, ident, extravars=extra, progress=True), limit))
+        write_json(c.run_dir / f"{ident}.json", outcome)
+        return outcome
+
+    trial = trial_mod.run_trial(
+        advise_run,
+        retune_run,
+        window=c.args.window,
+        group=c.args.group,
+        canary=c.args.canary,
+        threshold=c.args.threshold,
+        settle=max(0.0, c.args.settle),
+    )
+    write_json(c.run_dir / "trial.json", trial)
+    text = trial_mod.trial_text(trial)
+    print(
+        json.dumps(trial, indent=2, default=str) if c.args.json else text, end="\n" if c.args.json else "", file=c.out
+    )
+    c.problems(trial["problems"])
+    code = trial_mod.trial_exit(trial)
+    summary = {
+        "trial": "trial.json",
+        "decision": trial["decision"],
+        "gain": trial["gain"],
+        "problems": trial["problems"],
+    }
+    return c.finish(code, summary, "## Trial\n\n```\n" + text + "```\n")
+
+
+COMMANDS = {"plan": cmd_plan, "apply": cmd_apply, "drift": cmd_drift, "status": cmd_status, "advise": cmd_advise}
 
 
 def main(

@@ -130,6 +130,7 @@ def host_plan(view: HostView) -> tuple[dict[str, Any], list[dict[str, Any]], lis
             "unit_diff": unit_diff(diffs, inst),
             "effective_max_running_requests_now": None,
             "predicted_after": None,
+            "predicted_why": None,
             "blocked": False,
             "why": None,
         }
@@ -141,6 +142,8 @@ def host_plan(view: HostView) -> tuple[dict[str, Any], list[dict[str, Any]], lis
                 reasons=reasons,
                 flag_diff=got.get("flag_diff") or {},
                 effective_max_running_requests_now=got.get("effective_max_running_requests_before"),
+                predicted_after=got.get("predicted_effective_max_running_requests"),
+                predicted_why=got.get("prediction_missing"),
                 blocked=action == "blocked",
                 why="; ".join(reasons) if action == "blocked" else None,
             )
@@ -235,6 +238,20 @@ def flag_changes(diff: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def capacity_cell(inst: dict[str, Any]) -> str:
+    """The effective max running requests now, and for an instance to relaunch or start the one
+    predicted after (``-`` and why in one word when it cannot be predicted)."""
+    now = inst.get("effective_max_running_requests_now")
+    now_text = "" if now is None else str(now)
+    if inst.get("action") not in CHANGES:
+        return now_text
+    if inst.get("predicted_after") is not None:
+        after = str(inst["predicted_after"])
+    else:
+        after = "-" + (f" ({inst['predicted_why']})" if inst.get("predicted_why") else "")
+    return f"{now_text or '-'} → {after}"
+
+
 def plan_markdown(plan: dict[str, Any], title: str = "Plan") -> str:
     exit_code = plan_exit(plan)
     verdict = {0: "nothing to do", 2: f"{plan['changes']} instance(s) to relaunch or start", 1: "ERRORS"}[exit_code]
@@ -246,7 +263,7 @@ def plan_markdown(plan: dict[str, Any], title: str = "Plan") -> str:
         f"inventory `{plan['inventory_fingerprint'][:19]}` · fleet `{plan['fleet_fingerprint'][:19]}` · "
         f"created {plan['created']}",
         "",
-        "| host/instance | action | flag changes | capacity now |",
+        "| host/instance | action | flag changes | capacity now → after |",
         "| --- | --- | --- | --- |",
     ]
     for host, entry in plan["hosts"].items():
@@ -256,10 +273,9 @@ def plan_markdown(plan: dict[str, Any], title: str = "Plan") -> str:
             changes = flag_changes(inst["flag_diff"]) or ("unit file" if inst["unit_diff"] else "")
             if inst["action"] in ("blocked", "failed") and inst["why"]:
                 changes = f"{changes} ({inst['why']})" if changes else str(inst["why"])
-            capacity = inst["effective_max_running_requests_now"]
             lines.append(
                 f"| {md_cell(host)}/{md_cell(inst['name'])} | {inst['action']} | {md_cell(changes)} | "
-                f"{'' if capacity is None else capacity} |"
+                f"{md_cell(capacity_cell(inst))} |"
             )
     lines += md_section("Problems", plan["problems"])
     lines += md_section("Warnings", (f"{h}: {w}" for h, e in plan["hosts"].items() for w in e.get("warnings") or []))

@@ -20,8 +20,10 @@ import anything from Ansible.
   how does it differ?" (also imported by the controller's retune decision).
 - ``state``: atomic writes, and the desired-settings and last good settings records.
 - ``host``: the host interface the operations act through (unit tests fake it).
-- ``op_apply``, ``op_inspect``, ``op_stop`` (stop, release), ``op_start`` (start, record): the
-  operations; ``ops``: the dispatcher and the stdin/stdout entry point.
+- ``clients``: the generation clients' control sockets, and which endpoints are this host's.
+- ``op_apply``, ``op_inspect``, ``op_stop`` (stop, release), ``op_start`` (start, record),
+  ``op_clients`` (clients, drain, resume, client_stop, client_start): the operations; ``ops``:
+  the dispatcher and the stdin/stdout entry point.
 - ``bundle``: the package as one source, for containers and the start guard.
 
 Each operation takes a request dict and the host, and returns a JSON-serialisable dict. It gathers

@@ -28,6 +28,8 @@ DEFAULTS = {
     "secrets_file": SECRETS_FILE_DEFAULT,
     "state_dir": STATE_DIR_DEFAULT,
     "desired_dir": DESIRED_DIR_DEFAULT,
+    "client_units": ["sglang-fleet-generate.service"],
+    "client_drain_timeout": 120.0,
 }
 # The request keys whose option in the table has another name.
 OPTION_NAMES = {"threshold_mib": "release_threshold_mib"}

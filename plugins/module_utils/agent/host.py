@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import http_client, nvidia, procfs, systemd
+from . import clients, http_client, nvidia, procfs, systemd
 from .defaults import DEFAULTS
 from .evidence import EvidenceError, Redactor, read_env_file
 from .state import StateFiles, file_state, write_atomic
@@ -34,6 +34,7 @@ class Host:
             req.get("state_dir", DEFAULTS["state_dir"]), req.get("desired_dir", DEFAULTS["desired_dir"])
         )
         self.unit_dir = systemd.UNIT_DIR
+        self.client_socket_dir = req.get("client_socket_dir", clients.SOCKET_DIR)
 
     def load_secrets(self) -> None:
         """The API key to talk to the servers, and every secret value to redact."""
@@ -113,6 +114,18 @@ class Host:
         self, url: str, timeout: float, api_key: str = "", body: dict[str, Any] | None = None
     ) -> tuple[int | None, str]:
         return http_client.http_request(url, timeout, api_key, body)
+
+    # -- the generation clients' control sockets ------------------------------------------------
+
+    def client_socket(self, unit: str) -> str:
+        return clients.socket_path(unit, self.client_socket_dir)
+
+    def client_call(self, unit: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request on the unit's control socket; raises ``clients.ClientError``."""
+        return clients.call(self.client_socket(unit), request, timeout)
+
+    def is_local_host(self, host: str) -> bool:
+        return clients.is_local_host(host)
 
     # -- files --------------------------------------------------------------------------------
 

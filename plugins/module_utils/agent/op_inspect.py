@@ -14,6 +14,7 @@ from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url, timed_out
 from .nvidia import meaningful_app_pids
+from .op_observe import JOURNAL_PATTERN, startup_journal
 from .procfs import classify_processes, in_cgroup
 from .settings import process_evidence
 from .systemd import identity
@@ -28,6 +29,10 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     cgroups = {i["name"]: units[i["unit"]].get("ControlGroup", "") for i in instances}
     cgroups.update({f"other:{u}": s.get("ControlGroup", "") for u, s in others.items()})
     holders, holder_notes = collect_holders(host, instances, cgroups)
+    # Check mode: the startup lines of each running instance's current run (the model facts the
+    # controller predicts the capacity after a retune from), read as the observe operation does.
+    read_journal = bool(req.get("startup_journal"))
+    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
 
     def inspect_one(inst: dict[str, Any]) -> dict[str, Any]:
         state = units[inst["unit"]]
@@ -48,6 +53,11 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
             facts["user"] = host.user(pid)
         if running:
             facts.update(probe_server(host, inst))
+            if read_journal:
+                lines, source, error = startup_journal(host, ident["invocation_id"], inst["unit"], pattern)
+                facts.update(journal=lines, journal_source=source)
+                if error:
+                    facts["journal_error"] = error
         facts["foreign"] = [describe(p, host) for p in holders[inst["name"]]["foreign"]]
         facts["outside_unit"] = [
             describe(p, host) for p in holders[inst["name"]]["owned"] if not p["reason"].startswith("in the instance")

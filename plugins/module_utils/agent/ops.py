@@ -12,7 +12,9 @@ from typing import Any, Callable
 from .evidence import EvidenceError
 from .host import Host
 from .op_apply import op_apply
+from .op_clients import op_client_start, op_client_stop, op_clients, op_drain, op_resume
 from .op_inspect import op_inspect
+from .op_observe import op_observe
 from .op_start import op_record, op_start
 from .op_stop import op_release, op_stop
 
@@ -25,6 +27,13 @@ OPS: dict[str, Callable[[dict[str, Any], Host], dict[str, Any]]] = {
     "release": op_release,
     "start": op_start,
     "record": op_record,
+    "observe": op_observe,
+    # The generation clients of the host (on the host itself, never in a container).
+    "clients": op_clients,
+    "drain": op_drain,
+    "resume": op_resume,
+    "client_stop": op_client_stop,
+    "client_start": op_client_start,
 }
 
 

@@ -75,11 +75,30 @@ def scripted(responses: dict[str, dict[str, Any]]):
     return execute_module, calls
 
 
+CLIENT = "sglang-fleet-generate.service"
+SOCK = f"/run/sglang-fleet/clients/{CLIENT}/control.sock"
+URL = "http://127.0.0.1:30000"
+
+
 def test_relaunch_whole_result() -> None:
     action = make_action({"instances": resolved(), "stop_timeout": 30, "smoke_requests": 3})
     execute, calls = scripted(
         {
             "inspect": {"instances": {"gpu0": FACTS_OLD}, "containers": {}},
+            "clients": {
+                "clients": {
+                    CLIENT: {
+                        "unit": CLIENT,
+                        "running": True,
+                        "answered": True,
+                        "socket": SOCK,
+                        "endpoints": [{"url": URL}],
+                        "sends_to": {"gpu0": [URL]},
+                    }
+                }
+            },
+            "drain": {"clients": {CLIENT: {"ok": True, "drained": [URL], "abandoned": 0, "waited_s": 0.4}}},
+            "resume": {"clients": {CLIENT: {"ok": True, "resumed": [URL], "capacity": {URL: 64}}}},
             "stop": {"instances": {"gpu0": {"dead": True, "time_to_dead_s": 2.0, "killed": [], "escalated": False}}},
             "release": {
                 "instances": {
@@ -107,18 +126,38 @@ def test_relaunch_whole_result() -> None:
         }
     )
     action._execute_module = MagicMock(side_effect=execute)
-    result = action.run(task_vars={"inventory_hostname": "node1"})
-    assert [c["op"] for c in calls] == ["inspect", "stop", "release", "start"]
-    assert calls[1]["options"]["stop_timeout"] == 30
-    assert calls[3]["options"]["smoke_requests"] == 3
+    result = action.run(task_vars={"inventory_hostname": "node1", "sglang_fleet_lock": {"run_id": "run-1"}})
+    assert [c["op"] for c in calls] == ["inspect", "clients", "drain", "stop", "release", "start", "resume"]
+    assert calls[3]["options"]["stop_timeout"] == 30
+    assert calls[5]["options"]["smoke_requests"] == 3
     assert calls[0]["managed_units"] == [{"unit": "sglang-gpu0.service", "container": None}]
+    # The client operations prove the lease this run's, as every phase that acts.
+    assert {c["lock_run_id"] for c in calls} == {"run-1"}
+    assert calls[1]["options"]["client_units"] == [CLIENT]
+    drain = calls[2]["options"]
+    assert drain["clients"] == {CLIENT: [URL]}
+    assert drain["client_drain_timeout"] == 120
+    # The lease outlives the wave: the drain, then stop, kills, release, start and checks, twice (rollback).
+    assert drain["lease"] == 120 + 2 * (30 + 20 + 300 + 3600 + 120 * 5) + 120
+    assert calls[6]["options"]["clients"] == {CLIENT: [URL]}
     elapsed = result.pop("elapsed")
     assert elapsed >= 0
     assert result == {
         "changed": True,
         "msg": "1 relaunched",
-        "round_trips": {"inspect": 1, "stop": 1, "release": 1, "start": 1},
+        "round_trips": {"inspect": 1, "clients": 1, "drain": 1, "stop": 1, "release": 1, "start": 1, "resume": 1},
         "summary": {"relaunched": ["gpu0"]},
+        "clients": [
+            {
+                "unit": CLIENT,
+                "mode": "drained",
+                "why": f"answers on {SOCK}, sends to gpu0",
+                "sends_to": ["gpu0"],
+                "waves": [{"instances": ["gpu0"], "waited_s": 0.4, "abandoned": 0, "resumed_capacity": {URL: 64}}],
+            }
+        ],
+        "clients_stopped": [],
+        "notes": [f"client {CLIENT}: drained per wave, never stopped (gpu0: 0.4 s, 0 abandoned)"],
         "instances": [
             {
                 "name": "gpu0",
@@ -162,7 +201,9 @@ def test_check_mode_runs_only_inspect_and_returns_diff() -> None:
     execute, calls = scripted({"inspect": {"instances": {"gpu0": FACTS_OLD}}})
     action._execute_module = MagicMock(side_effect=execute)
     result = action.run(task_vars={})
+    # Check mode asks nothing of the generation clients.
     assert [c["op"] for c in calls] == ["inspect"]
+    assert (result["clients"], result["clients_stopped"]) == ([], [])
     assert result["changed"] is True
     assert result["instances"][0]["action"] == "would_relaunch"
     assert result["diff"] == [
@@ -198,6 +239,7 @@ def test_unreachable_host_fails_without_touching_anything() -> None:
     [
         ({"stop_timeout": 0}, "stop_timeout must be > 0"),
         ({"wave_size": -1}, "wave_size must be >= 0"),
+        ({"client_drain_timeout": 0}, "client_drain_timeout must be > 0"),
         ({"canary": "gpu9"}, "canary 'gpu9' is not one of the instances"),
         ({"only": ["gpu7"]}, "only: unknown instance(s) ['gpu7']"),
     ],

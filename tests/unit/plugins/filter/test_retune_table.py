@@ -77,3 +77,66 @@ def test_processes_killed_by_pid_are_named_under_their_instance() -> None:
     )
     assert "killed PID 4300 (python3 -m sglang.launch_server --port 30000) with SIGTERM: x" in lines[row + 2]
     assert len(lines) == row + 3
+
+
+def test_each_generation_client_has_its_line_under_its_host() -> None:
+    drained = (
+        "client sglang-fleet-generate.service: drained per wave, never stopped "
+        "(gpu0: 0.4 s, 0 abandoned; gpu1, gpu2, gpu3: 1.2 s, 0 abandoned)"
+    )
+    stopped = (
+        "client other.service did not answer on /run/sglang-fleet/clients/other.service/control.sock "
+        "(connection refused): stopped for the retune (312.4 s), started again"
+    )
+    hostvars = {
+        "a": {
+            "sglang_retune_result": {
+                "instances": [{"name": "gpu0", "action": "relaunched"}],
+                "notes": [drained, stopped],
+                "clients_stopped": ["other.service"],
+            }
+        },
+        "b": {
+            "sglang_retune_result": {
+                "failed": True,
+                "msg": "the generation clients could not be found out",
+                "instances": [],
+                "notes": ["could not record last good settings: x"],
+            }
+        },
+    }
+    lines = retune_table(hostvars, ["a", "b"])
+    row = next(i for i, line in enumerate(lines) if line.startswith("a/gpu0"))
+    assert lines[row + 1].split()[:2] == ["a", "note"] and lines[row + 1].endswith(drained)
+    assert lines[row + 2].split()[:2] == ["a", "note"] and lines[row + 2].endswith(stopped)
+    assert lines[row + 3].split()[:2] == ["b", "failed"]
+    assert lines[row + 4].split()[:2] == ["b", "note"] and lines[row + 4].endswith(
+        "could not record last good settings: x"
+    )
+    assert len(lines) == row + 5
+
+
+def test_check_mode_shows_the_predicted_capacity_after_or_why_not_in_one_word() -> None:
+    """retune.yml --check: the effective max running requests predicted after the relaunch where
+    "-" was, and "-" with why in one word when the facts are missing."""
+    base = {"action": "would_relaunch", "effective_max_running_requests_before": 16}
+    hostvars = {
+        "a": {
+            "sglang_retune_result": {
+                "instances": [
+                    {**base, "name": "gpu0", "predicted_effective_max_running_requests": 52},
+                    {
+                        **base,
+                        "name": "gpu1",
+                        "predicted_effective_max_running_requests": None,
+                        "prediction_missing": "journal",
+                    },
+                    {**base, "name": "gpu2"},
+                ]
+            }
+        }
+    }
+    rows = _rows(retune_table(hostvars, ["a"]))
+    assert rows["a/gpu0"].split()[1:5] == ["would_relaunch", "16", "->", "52"]
+    assert rows["a/gpu1"].split()[1:6] == ["would_relaunch", "16", "->", "-", "(journal)"]
+    assert rows["a/gpu2"].split()[1:5] == ["would_relaunch", "16", "->", "-"]

@@ -62,19 +62,47 @@ def facts(
 class Host:
     """A scripted host: answers each phase from per-instance behaviour, records the calls."""
 
-    def __init__(self, inspect_facts: dict[str, dict[str, Any]], **behaviour: Any):
+    def __init__(
+        self,
+        inspect_facts: dict[str, dict[str, Any]],
+        clients_found: dict[str, dict[str, Any]] | None = None,
+        **behaviour: Any,
+    ):
         self.inspect = inspect_facts
+        self.clients = clients_found or {}  # what the "clients" operation finds, per unit
         self.behaviour = behaviour
         self.calls: list[tuple[str, list[str], dict[str, Any]]] = []
+        self.options: list[tuple[str, dict[str, Any]]] = []
 
     def __call__(self, op: str, instances: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
         names = [i["name"] for i in instances]
         self.calls.append((op, names, {i["name"]: i for i in instances}))
+        self.options.append((op, options))
         hook = self.behaviour.get(op)
         if callable(hook):
             out = hook(names, instances, options)
             if out is not None:
                 return out
+        if op == "clients":
+            return {"clients": {u: self.clients.get(u, {"unit": u, "running": False}) for u in options["client_units"]}}
+        if op == "drain":
+            return {
+                "clients": {
+                    u: {"ok": True, "drained": urls, "abandoned": 0, "waited_s": 0.4, "unknown": []}
+                    for u, urls in options["clients"].items()
+                }
+            }
+        if op == "resume":
+            return {
+                "clients": {
+                    u: {"ok": True, "resumed": urls, "capacity": {url: 40 for url in urls}, "unknown": []}
+                    for u, urls in options["clients"].items()
+                }
+            }
+        if op == "client_stop":
+            return {"clients": {u: {"stopped": True, "unit_state": "inactive/dead"} for u in options["client_units"]}}
+        if op == "client_start":
+            return {"clients": {u: {"started": True, "unit_state": "active/running"} for u in options["client_units"]}}
         if op == "inspect":
             return {"instances": {n: self.inspect[n] for n in names}}
         if op == "record":
@@ -105,6 +133,8 @@ class Host:
 
 
 def run(host: Host, insts: list[dict[str, Any]], check: bool = False, **opts: Any) -> dict[str, Any]:
+    # No generation client unless a test names some (tests of the clients: further below).
+    opts.setdefault("client_units", [])
     return Retune(insts, Options(**opts), host, check_mode=check).run()
 
 
@@ -484,3 +514,303 @@ def test_a_stop_refused_by_the_host_lock_leaves_the_instance_running() -> None:
     assert out["failed"] and "down" not in out
     assert r["state"] == "running" and "not stopped, still running as it was" in r["msg"]
     assert "locked by run abc" in r["msg"]
+
+
+# -- the generation clients: drained per wave, or stopped for the retune ---------------------
+
+GEN = "sglang-fleet-generate.service"
+OTHER = "other-client.service"
+
+
+def sock(unit: str) -> str:
+    return f"/run/sglang-fleet/clients/{unit}/control.sock"
+
+
+def url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def answering(unit: str, ports: list[int]) -> dict[str, Any]:
+    """A running client that answered hello, sending to the instances on these ports."""
+    return {
+        "unit": unit,
+        "running": True,
+        "answered": True,
+        "socket": sock(unit),
+        "endpoints": [{"url": url(p)} for p in ports],
+        "sends_to": {f"gpu{p - 30000}": [url(p)] for p in ports},
+    }
+
+
+def silent(unit: str, error: str = "connection refused") -> dict[str, Any]:
+    return {"unit": unit, "running": True, "answered": False, "socket": sock(unit), "error": error, "sends_to": {}}
+
+
+def four() -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    return [instance(f"gpu{i}", 30000 + i) for i in range(4)], {f"gpu{i}": facts(f"gpu{i}") for i in range(4)}
+
+
+def client_ops(host: Host) -> list[tuple[str, Any]]:
+    """Each operation in order, with what it was asked about the clients."""
+    out: list[tuple[str, Any]] = []
+    for (op, names, _), (_, options) in zip(host.calls, host.options, strict=True):
+        if op in ("drain", "resume"):
+            out.append((op, options["clients"]))
+        elif op in ("clients", "client_stop", "client_start"):
+            out.append((op, options["client_units"]))
+        else:
+            out.append((op, names))
+    return out
+
+
+def test_an_answering_client_is_drained_per_wave_and_never_stopped() -> None:
+    insts, found = four()
+    host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])})
+    out = run(host, insts, client_units=[GEN], canary=True, wave_size=0)
+    rest = [url(30001), url(30002), url(30003)]
+    assert client_ops(host) == [
+        ("inspect", ["gpu0", "gpu1", "gpu2", "gpu3"]),
+        ("clients", [GEN]),
+        ("drain", {GEN: [url(30000)]}),
+        ("stop", ["gpu0"]),
+        ("release", ["gpu0"]),
+        ("start", ["gpu0"]),
+        ("resume", {GEN: [url(30000)]}),
+        ("drain", {GEN: rest}),
+        ("stop", ["gpu1", "gpu2", "gpu3"]),
+        ("release", ["gpu1", "gpu2", "gpu3"]),
+        ("start", ["gpu1", "gpu2", "gpu3"]),
+        ("resume", {GEN: rest}),
+    ]
+    assert "failed" not in out
+    assert out["clients_stopped"] == []
+    (client,) = out["clients"]
+    assert (client["unit"], client["mode"]) == (GEN, "drained")
+    assert "stopped_s" not in client
+    assert client["waves"] == [
+        {"instances": ["gpu0"], "waited_s": 0.4, "abandoned": 0, "resumed_capacity": {url(30000): 40}},
+        {
+            "instances": ["gpu1", "gpu2", "gpu3"],
+            "waited_s": 0.4,
+            "abandoned": 0,
+            "resumed_capacity": {u: 40 for u in rest},
+        },
+    ]
+    assert out["notes"] == [
+        f"client {GEN}: drained per wave, never stopped "
+        "(gpu0: 0.4 s, 0 abandoned; gpu1, gpu2, gpu3: 0.4 s, 0 abandoned)"
+    ]
+    # The drain's options: the wave's deadlines as its lease, who asks.
+    drain = next(o for op, o in host.options if op == "drain")
+    assert drain["client_drain_timeout"] == 120.0
+    assert drain["lease"] > 2 * (300 + 300 + 3600)
+    assert "gpu0" in drain["by"]
+
+
+def test_instances_not_retuned_are_never_drained() -> None:
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+    host = Host(
+        {"gpu0": facts("gpu0"), "gpu1": facts("gpu1", argv=ARGV_NEW, mamba=200)},
+        clients_found={GEN: answering(GEN, [30000, 30001]), OTHER: answering(OTHER, [30001])},
+    )
+    out = run(host, insts, client_units=[GEN, OTHER])
+    drains = [o["clients"] for op, o in host.options if op == "drain"]
+    assert drains == [{GEN: [url(30000)]}]
+    assert [o["clients"] for op, o in host.options if op == "resume"] == [{GEN: [url(30000)]}]
+    assert not any(op in ("client_stop", "client_start") for op, _ in host.ops())
+    modes = {c["unit"]: c["mode"] for c in out["clients"]}
+    assert modes == {GEN: "drained", OTHER: "not sending here"}
+    assert out["clients_stopped"] == []
+    assert f"client {OTHER}: sends to none of the instances retuned here ({url(30001)}), left alone" in out["notes"]
+
+
+def test_a_client_that_does_not_answer_is_stopped_for_the_retune_and_started_again() -> None:
+    insts, found = four()
+    host = Host(found, clients_found={GEN: silent(GEN)})
+    out = run(host, insts, client_units=[GEN])
+    ops = [op for op, _ in host.ops()]
+    assert ops == ["inspect", "clients", "client_stop", *(["stop", "release", "start"] * 2), "client_start"]
+    assert "drain" not in ops
+    assert out["clients_stopped"] == [GEN]
+    (client,) = out["clients"]
+    assert client["mode"] == "stopped" and client["started_again"] is True
+    assert client["stopped_s"] is not None and client["waves"] == []
+    (note,) = out["notes"]
+    assert note.startswith(f"client {GEN} did not answer on {sock(GEN)} (connection refused): stopped for the retune (")
+    assert note.endswith("s), started again")
+
+
+def test_a_wave_that_fails_still_resumes_and_the_stopped_clients_are_started_again() -> None:
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+    host = Host(
+        {"gpu0": facts("gpu0"), "gpu1": facts("gpu1")},
+        clients_found={GEN: answering(GEN, [30000, 30001]), OTHER: silent(OTHER, "no answer within 10s")},
+        start=crash_then_ok,
+    )
+    out = run(host, insts, client_units=[GEN, OTHER], canary=True)
+    assert client_ops(host) == [
+        ("inspect", ["gpu0", "gpu1"]),
+        ("clients", [GEN, OTHER]),
+        ("client_stop", [OTHER]),
+        ("drain", {GEN: [url(30000)]}),
+        ("stop", ["gpu0"]),
+        ("release", ["gpu0"]),
+        ("start", ["gpu0"]),
+        # The rollback, inside the same drain.
+        ("stop", ["gpu0"]),
+        ("release", ["gpu0"]),
+        ("start", ["gpu0"]),
+        ("resume", {GEN: [url(30000)]}),
+        ("client_start", [OTHER]),
+    ]
+    assert out["failed"] is True
+    assert [r["action"] for r in out["instances"]] == ["rolled_back", "skipped"]
+    assert out["clients_stopped"] == [OTHER]
+
+
+def test_a_phase_that_raises_still_resumes_and_starts_the_clients_again() -> None:
+    def boom(*_: Any) -> None:
+        raise RuntimeError("the connection plugin blew up")
+
+    insts = [instance("gpu0", 30000)]
+    host = Host(
+        {"gpu0": facts("gpu0")},
+        clients_found={GEN: answering(GEN, [30000]), OTHER: silent(OTHER)},
+        release=boom,
+    )
+    with pytest.raises(RuntimeError):
+        run(host, insts, client_units=[GEN, OTHER])
+    assert [op for op, _ in host.ops()][-2:] == ["resume", "client_start"]
+
+
+def test_a_client_whose_drain_fails_is_stopped_for_the_rest_of_the_retune() -> None:
+    def drain(names: list[str], _i: Any, options: dict[str, Any]) -> dict[str, Any] | None:
+        if names == ["gpu0"]:
+            return None  # the canary's drain works
+        return {"clients": {u: {"ok": False, "error": "no answer within 135s"} for u in options["clients"]}}
+
+    insts, found = four()
+    host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])}, drain=drain)
+    out = run(host, insts, client_units=[GEN], canary=True)
+    assert [op for op, _ in host.ops()] == [
+        "inspect",
+        "clients",
+        "drain",
+        "stop",
+        "release",
+        "start",
+        "resume",
+        "drain",
+        "client_stop",
+        "stop",
+        "release",
+        "start",
+        # Nothing to resume: that client is stopped, and started again at the end.
+        "client_start",
+    ]
+    assert "failed" not in out
+    assert [r["action"] for r in out["instances"]] == ["relaunched"] * 4
+    (client,) = out["clients"]
+    assert client["mode"] == "stopped" and client["started_again"] is True
+    assert client["why"] == "drain of gpu1, gpu2, gpu3 failed (no answer within 135s)"
+    assert [w["instances"] for w in client["waves"]] == [["gpu0"]]
+    assert out["clients_stopped"] == [GEN]
+    (note,) = out["notes"]
+    assert note.startswith(
+        f"client {GEN}: drain of gpu1, gpu2, gpu3 failed (no answer within 135s): stopped for the rest of the retune ("
+    )
+    assert note.endswith("started again; drained before: gpu0: 0.4 s, 0 abandoned")
+
+
+def test_check_mode_asks_nothing_of_the_clients() -> None:
+    insts, found = four()
+    host = Host(found, clients_found={GEN: answering(GEN, [30000]), OTHER: silent(OTHER)})
+    out = run(host, insts, check=True, client_units=[GEN, OTHER])
+    assert host.ops() == [("inspect", ["gpu0", "gpu1", "gpu2", "gpu3"])]
+    assert (out["clients"], out["clients_stopped"]) == ([], [])
+
+
+def test_nothing_to_change_asks_nothing_of_the_clients() -> None:
+    host = Host({"gpu0": facts("gpu0", argv=ARGV_NEW, mamba=200)}, clients_found={GEN: answering(GEN, [30000])})
+    run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert host.ops() == [("inspect", ["gpu0"])]
+
+
+def test_client_drain_false_stops_the_answering_clients_as_before() -> None:
+    insts, found = four()
+    host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])})
+    out = run(host, insts, client_units=[GEN], client_drain=False)
+    ops = [op for op, _ in host.ops()]
+    assert ops[:3] == ["inspect", "clients", "client_stop"] and ops[-1] == "client_start"
+    assert "drain" not in ops and "resume" not in ops
+    assert out["clients"][0]["mode"] == "stopped"
+    assert out["clients"][0]["why"] == "sglang_retune_client_drain is false"
+    assert out["clients_stopped"] == [GEN]
+
+
+def test_a_client_that_is_not_running_is_left_alone() -> None:
+    host = Host(
+        {"gpu0": facts("gpu0")},
+        clients_found={GEN: {"unit": GEN, "running": False, "active_state": "active", "sub_state": "exited"}},
+    )
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert [op for op, _ in host.ops()] == ["inspect", "clients", "stop", "release", "start"]
+    assert out["clients"][0]["mode"] == "not running"
+    assert out["notes"] == [f"client {GEN}: not running (unit active/exited), left alone"]
+
+
+def test_clients_that_cannot_be_found_out_leave_the_host_untouched() -> None:
+    host = Host({"gpu0": facts("gpu0")}, clients=lambda *a: {"unreachable": True, "msg": "gone"})
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert [op for op, _ in host.ops()] == ["inspect", "clients"]
+    assert out["failed"] is True and out["changed"] is False
+    assert "the generation clients could not be found out" in out["msg"] and "nothing was changed" in out["msg"]
+    assert out["instances"][0]["action"] == "skipped"
+
+
+def test_a_client_that_cannot_be_stopped_keeps_its_instances_untouched() -> None:
+    def stuck(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "clients": {
+                u: {"stopped": False, "msg": "still deactivating/stop-sigterm after systemctl stop (rc=timed out)"}
+                for u in options["client_units"]
+            }
+        }
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: silent(GEN)}, client_stop=stuck)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    # Its instances keep running; the client is started again (the stop may finish later).
+    assert [op for op, _ in host.ops()] == ["inspect", "clients", "client_stop", "client_start"]
+    assert out["failed"] is True and "down" not in out
+    r = out["instances"][0]
+    assert r["action"] == "skipped" and r["state"] == "running"
+    assert f"generation client(s) {GEN} may send to it and could not be stopped" in r["msg"]
+    assert "could NOT be stopped" in out["notes"][0]
+
+
+def test_a_failed_resume_is_a_host_note_not_an_instance_failure() -> None:
+    def resume(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {"clients": {u: {"ok": False, "error": "no answer within 45s"} for u in options["clients"]}}
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert "failed" not in out
+    assert out["instances"][0]["action"] == "relaunched"
+    assert out["notes"][1].startswith(f"client {GEN}: resuming gpu0 failed (no answer within 45s); its drain lapses")
+
+
+def test_a_client_not_started_again_fails_the_host() -> None:
+    def start(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "clients": {
+                u: {"started": False, "msg": "failed/exit-code after systemctl start"} for u in options["client_units"]
+            }
+        }
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: silent(GEN)}, client_start=start)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert out["instances"][0]["action"] == "relaunched"
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"generation client(s) NOT started again after the retune: {GEN} (failed/exit-code after systemctl start)"
+    )

@@ -4,7 +4,7 @@ role's variables that some options follow."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,14 @@ def test_the_documentation_of_the_action_is_the_table() -> None:
 
 def test_options_has_a_field_per_retune_option_with_its_default() -> None:
     table = {o.name: o.default for o in OPTIONS if o.scope == RETUNE}
-    dataclass_fields = {f.name: f.default for f in fields(Options) if f.name != "agent"}
+    dataclass_fields = {
+        f.name: f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+        for f in fields(Options)
+        if f.name != "agent"
+    }
     assert dataclass_fields == table
+    # A list default is a fresh copy per Options, never the table's own list.
+    assert Options().client_units is not BY_NAME["client_units"].default
     # The flow imports the same class.
     assert _retune.Options is Options
 
@@ -87,6 +93,23 @@ def test_options_from_the_action_arguments_splits_flow_and_agent() -> None:
     assert sorted(options.agent) == sorted(o.name for o in OPTIONS if o.scope == AGENT)
     assert options.agent["poll_interval"] == 2
     assert options.agent["state_dir"] == "/srv/state"
+    assert (options.client_units, options.client_drain, options.client_drain_timeout) == (
+        ["sglang-fleet-generate.service"],
+        True,
+        120.0,
+    )
+
+
+def test_pause_units_is_gone_renamed_client_units() -> None:
+    assert "pause_units" not in BY_NAME
+    client_units = BY_NAME["client_units"]
+    assert (client_units.scope, client_units.var, client_units.default) == (
+        RETUNE,
+        "sglang_retune_client_units",
+        ["sglang-fleet-generate.service"],
+    )
+    assert "sglang_retune_pause_units" in client_units.description
+    assert (BY_NAME["client_drain"].default, BY_NAME["client_drain_timeout"].default) == (True, 120.0)
 
 
 def _server_role(path: str) -> Any:

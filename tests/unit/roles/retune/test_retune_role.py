@@ -94,10 +94,12 @@ def test_the_tasks_use_every_role_only_option() -> None:
             assert re.search(r"\b" + o.var + r"\b", text), o.var
 
 
-def test_the_retune_is_marked_and_the_lock_and_clients_given_back_whatever_happened() -> None:
+def test_the_retune_is_marked_and_the_lock_given_back_whatever_happened() -> None:
     tasks = load("tasks/main.yml")
     assert tasks[0]["ansible.builtin.set_fact"] == {"sglang_retune_host_state": "started"}
     assert tasks[-1]["ansible.builtin.set_fact"] == {"sglang_retune_host_state": "done"}
+    # The renamed variables are refused before the lock is taken or anything is written.
+    assert tasks[1]["ansible.builtin.import_tasks"] == "validate.yml"
     (locked,) = [t for t in tasks if "block" in t]
     assert "lock_run_id" in locked["module_defaults"]["sglang_ops.fleet.server_units"]
     assert locked["always"] == [
@@ -108,11 +110,74 @@ def test_the_retune_is_marked_and_the_lock_and_clients_given_back_whatever_happe
             "when": "not (sglang_retune_fleet_lock | bool)",
         }
     ]
-    (inner,) = [t for t in locked["block"] if "block" in t]
-    assert [t["ansible.builtin.systemd_service"]["state"] for t in inner["always"]] == ["started"]
-    (query,) = [t for t in inner["block"] if t.get("register") == "_sglang_retune_clients"]
-    # The query runs in check mode too: it only reads, and the pause and resume loop over it.
-    assert query["check_mode"] is False
+
+
+def test_the_role_never_stops_the_clients_itself() -> None:
+    """The clients are the action's: drained per wave, or stopped and started again by it in a
+    finally. The role no longer stops every client for the host's whole retune."""
+    all_tasks = _tasks(load("tasks/main.yml"))
+    assert [t for t in all_tasks if "ansible.builtin.systemd_service" in t or "ansible.builtin.command" in t] == []
+    text = (ROLE_DIR / "tasks" / "main.yml").read_text()
+    assert "pause_units" not in text
+    (task,) = [t for t in all_tasks if "sglang_ops.fleet.retune" in t]
+    assert task["sglang_ops.fleet.retune"]["client_units"] == "{{ sglang_retune_client_units }}"
+    assert task["sglang_ops.fleet.retune"]["client_drain"] == "{{ sglang_retune_client_drain }}"
+
+
+def test_the_validation_refuses_the_renamed_pause_units() -> None:
+    (check,) = load("tasks/validate.yml")
+    assert check["ansible.builtin.assert"]["that"] == ["sglang_retune_pause_units is not defined"]
+    assert "renamed to sglang_retune_client_units" in check["ansible.builtin.assert"]["fail_msg"]
+
+
+def _validate_playbook(tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    playbook = tmp_path / "validate.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Validate",
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "Validate the retune variables",
+                            "ansible.builtin.include_role": {
+                                "name": "sglang_ops.fleet.retune",
+                                "tasks_from": "validate",
+                            },
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"@{tmp_path / 'extra.json'}",
+            str(playbook),
+        ],
+        cwd=ROLE_DIR.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_playbook_setting_the_old_name_fails_in_the_validation(tmp_path: Path) -> None:
+    refused = _validate_playbook(tmp_path, {"sglang_retune_pause_units": ["my-client.service"]})
+    assert refused.returncode != 0
+    assert "sglang_retune_pause_units was renamed to sglang_retune_client_units" in refused.stdout
+    accepted = _validate_playbook(tmp_path, {"sglang_retune_client_units": ["my-client.service"]})
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
 
 
 def test_the_action_takes_the_role_defaults_as_its_own() -> None:

@@ -318,3 +318,24 @@ def test_record_writes_the_last_good_file(tmp_path: Path) -> None:
         {"max_running_requests": 48},
         "f1",
     )
+
+
+def test_inspect_in_check_mode_reads_the_startup_journal_as_observe_does(tmp_path: Path) -> None:
+    """retune.yml --check asks inspect for the startup lines of each running instance's current
+    run (op_observe's reader): the model facts of the predicted capacity after a relaunch."""
+    host = FakeHost(tmp_path)
+    asked: list[tuple[str, str, str]] = []
+    lines = ["Load weight end. elapsed=2.00 s, avail mem=100.00 GB, mem usage=50.00 GB."]
+
+    def startup_journal(invocation_id: str, unit: str, pattern: str) -> list[str]:
+        asked.append((invocation_id, unit, pattern))
+        return lines
+
+    host.startup_journal = startup_journal  # type: ignore[attr-defined]
+    host.serving(100, "inv-1", {"max_running_requests": 48})
+    install_desired(host, "f0")
+    plain = ops.run({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
+    assert "journal" not in plain and asked == []
+    facts = ops.run({"op": "inspect", "instances": [instance()], "startup_journal": True}, host)["instances"]["gpu0"]
+    assert facts["journal"] == lines and facts["journal_source"] == "host"
+    assert asked[0][:2] == ("inv-1", UNIT) and "Mamba Cache is allocated" in asked[0][2]

@@ -1,0 +1,181 @@
+"""advise --trial (trial.py) with fake playbook runs: the group and canary chosen, retune.yml's
+extra vars (the proposal in the canary's own args, only the canary relaunched), the comparison
+against the untouched instances, kept or reverted, and the CLI's JSON and text."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sglang_fleet_ops import cli, trial
+from sglang_fleet_ops.runner import Run
+
+CHANGES = {"max_mamba_cache_size": [80, 156], "mamba_radix_cache_strategy": ["auto", "no_buffer"]}
+GROUP = ["b200-node/gpu0", "b200-node/gpu1", "b200-node/gpu2"]
+
+
+def item(key: str, rate: float | None) -> dict[str, Any]:
+    host, name = key.split("/")
+    return {"host": host, "name": name, "stats": {"generation_rate": rate, "gen_throughput_mean": None}}
+
+
+def report(rates: dict[str, float | None]) -> dict[str, Any]:
+    return {
+        "groups": [
+            {
+                "label": "b200-node/gpu3",
+                "diagnosis": "client-bound",
+                "instances": ["b200-node/gpu3"],
+                "proposal": {"changes": {}, "client_changes": {"generation_concurrency": "auto"}},
+            },
+            {
+                "label": "b200-node/gpu0,gpu1,gpu2",
+                "diagnosis": "mamba-bound",
+                "instances": GROUP,
+                "proposal": {
+                    "changes": CHANGES,
+                    "effective_max_before": 16,
+                    "effective_max_after": 52,
+                    "throughput_factor": 3.09,
+                },
+            },
+        ],
+        "instances": [item(k, v) for k, v in rates.items()],
+        "layouts": {
+            "b200-node": [
+                {"name": "gpu0", "gpus": [0], "port": 30000},
+                {"name": "gpu1", "gpus": [1], "port": 30001, "args": {"max_running_requests": 32}},
+                {"name": "gpu2", "gpus": [2], "port": 30002},
+            ]
+        },
+    }
+
+
+def outcome(action: str, problems: list[str] | None = None, after: int | None = 52) -> dict[str, Any]:
+    inst = {
+        "name": "gpu0",
+        "action": action,
+        "effective_max_running_requests_before": 16,
+        "effective_max_running_requests_after": after,
+    }
+    return {"hosts": {"b200-node": {"status": "ok", "instances": [inst]}}, "problems": problems or []}
+
+
+class Fakes:
+    def __init__(self, after_rates: dict[str, float | None], retunes: list[dict[str, Any]]):
+        self.reports = [report(dict.fromkeys(GROUP, 1200.0)), report(after_rates)]
+        self.retunes = list(retunes)
+        self.calls: list[tuple[Any, ...]] = []
+        self.slept: list[float] = []
+
+    def advise(self, limit: str | None, window: float | None) -> dict[str, Any]:
+        self.calls.append(("advise", limit, window))
+        return {"report": self.reports.pop(0), "problems": []}
+
+    def retune(self, limit: str, extravars: dict[str, Any], ident: str) -> dict[str, Any]:
+        self.calls.append(("retune", limit, extravars, ident))
+        return self.retunes.pop(0)
+
+    def run(self, **kw: Any) -> dict[str, Any]:
+        return trial.run_trial(self.advise, self.retune, window=300.0, sleep=self.slept.append, **kw)
+
+
+def test_a_gain_past_the_threshold_is_kept_and_only_the_canary_is_relaunched() -> None:
+    fakes = Fakes(
+        {"b200-node/gpu0": 3600.0, "b200-node/gpu1": 1190.0, "b200-node/gpu2": 1210.0}, [outcome("relaunched")]
+    )
+    out = fakes.run(settle=30.0)
+    assert out["decision"] == "kept" and out["problems"] == []
+    assert out["canary"] == "b200-node/gpu0" and out["group"]["diagnosis"] == "mamba-bound"
+    assert out["after"]["baseline"] == pytest.approx(1200.0) and out["gain"] == pytest.approx(3.0)
+    (_, limit, extravars, ident) = fakes.calls[1]
+    assert (limit, ident) == ("b200-node", "trial-apply")
+    assert extravars["sglang_retune_only"] == ["gpu0"]
+    entries = extravars["sglang_server_instances"]
+    assert entries[0]["args"] == {"max_mamba_cache_size": 156, "mamba_radix_cache_strategy": "no_buffer"}
+    # The untouched instances' entries are the inventory's.
+    assert entries[1] == {"name": "gpu1", "gpus": [1], "port": 30001, "args": {"max_running_requests": 32}}
+    assert "args" not in entries[2]
+    assert fakes.calls[2] == ("advise", "b200-node", 300.0) and fakes.slept == [30.0]
+    assert len(fakes.calls) == 3  # no revert
+    text = trial.trial_text(out)
+    assert "canary b200-node/gpu0" in text and "gain x3.00 >= x1.10" in text and "KEPT" in text
+    assert "after: canary 3600 tok/s; the untouched instances' mean 1200 tok/s" in text
+    assert trial.trial_exit(out) == 0
+
+
+def test_a_gain_below_the_threshold_puts_the_canary_back() -> None:
+    fakes = Fakes(
+        {"b200-node/gpu0": 1250.0, "b200-node/gpu1": 1200.0, "b200-node/gpu2": 1200.0},
+        [outcome("relaunched"), outcome("relaunched", after=16)],
+    )
+    out = fakes.run()
+    assert out["decision"] == "reverted" and out["gain"] == pytest.approx(1250 / 1200, abs=1e-4)
+    (_, limit, extravars, ident) = fakes.calls[-1]
+    assert (limit, extravars, ident) == ("b200-node", {"sglang_retune_only": ["gpu0"]}, "trial-revert")
+    assert out["revert"]["effective_max_running_requests_after"] == 16
+    assert "REVERTED" in trial.trial_text(out) and "gain x1.04 < x1.10" in trial.trial_text(out)
+    assert trial.trial_exit(out) == 0
+
+
+def test_a_failed_relaunch_is_failed_and_the_host_put_back() -> None:
+    fakes = Fakes({}, [outcome("rolled_back", ["b200-node/gpu0: rolled_back: crashed"]), outcome("unchanged")])
+    out = fakes.run()
+    assert out["decision"] == "failed" and trial.trial_exit(out) == 1
+    assert [c[-1] for c in fakes.calls if c[0] == "retune"] == ["trial-apply", "trial-revert"]
+    assert any("crashed" in p for p in out["problems"])
+
+
+def test_a_revert_that_fails_is_an_error() -> None:
+    fakes = Fakes(dict.fromkeys(GROUP, 1200.0), [outcome("relaunched"), outcome("failed", ["down"])])
+    out = fakes.run()
+    assert trial.trial_exit(out) == 1
+    assert any("could NOT be put back" in p for p in out["problems"])
+
+
+def test_group_and_canary_choices() -> None:
+    rep = report({})
+    with pytest.raises(trial.TrialError, match="no server settings"):
+        trial.choose_group(rep, 1)
+    assert trial.choose_group(rep)["diagnosis"] == "mamba-bound"
+    assert trial.choose_canary(trial.choose_group(rep), "b200-node/gpu2") == "b200-node/gpu2"
+    with pytest.raises(trial.TrialError, match="not in the group"):
+        trial.choose_canary(trial.choose_group(rep), "b200-node/gpu3")
+
+
+def test_a_group_of_one_is_compared_with_the_canary_before() -> None:
+    fakes = Fakes({"b200-node/gpu0": 2400.0}, [outcome("relaunched")])
+    for rep in fakes.reports:
+        rep["groups"][1]["instances"] = ["b200-node/gpu0"]
+    out = fakes.run()
+    assert out["after"]["baseline_of"] == "the canary itself before the change"
+    assert out["gain"] == pytest.approx(2.0) and out["decision"] == "kept"
+
+
+def test_the_cli_runs_the_trial_and_prints_json(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = Fakes(
+        {"b200-node/gpu0": 3600.0, "b200-node/gpu1": 1200.0, "b200-node/gpu2": 1200.0}, [outcome("relaunched")]
+    )
+    seen: list[tuple[str | None, str, dict[str, Any]]] = []
+
+    def runner(run_dir: Path, proj: Path, inventory: str | None, limit: str | None, request: Any) -> Run:
+        seen.append((limit, request.playbook, request.extravars))
+        return Run(ident=request.ident, playbook=request.playbook, rc=0, status="successful")
+
+    monkeypatch.setattr(cli.advise_mod, "build_advice", lambda run: fakes.advise(None, None))
+    monkeypatch.setattr(cli.apply_mod, "build_outcome", lambda run: fakes.retunes.pop(0))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["advise", "--trial", "--json", "--settle", "0", "--window", "60", "--project-dir", str(project)]
+    code = cli.main(argv, runner=runner, out=out, err=err)
+    assert code == 0, err.getvalue()
+    printed = json.loads(out.getvalue().split("\nartifacts: ")[0])
+    assert printed["decision"] == "kept" and printed["gain"] == pytest.approx(3.0)
+    assert [(s[0], s[1]) for s in seen] == [
+        (None, "playbooks/advise.yml"),
+        ("b200-node", "retune.yml"),
+        ("b200-node", "playbooks/advise.yml"),
+    ]
+    assert seen[1][2]["sglang_retune_only"] == ["gpu0"] and seen[0][2]["sglang_advise_window"] == 60.0

@@ -1,0 +1,256 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Action plugin sglang_ops.fleet.advise: find what limits each instance's throughput and
+propose the tuning change, as an inventory patch; nothing is ever applied.
+
+Two uses (documentation: plugins/modules/advise.py):
+
+* per host, with ``instances``: runs the observe phase on the host (``sglang_ops.fleet.advise_observe``,
+  the agent's ``observe``), or reads the metrics from Prometheus when ``prometheus_url`` is set,
+  then the pure advisor (``plugin_utils/_advisor.py``) per instance;
+* once, with ``results`` (every host's result of the first use): the fleet report, and the patch
+  file written on the controller at ``output``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor, _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
+
+display = Display()
+
+OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
+POLICY_KEYS = frozenset(_advisor.Policy.__dataclass_fields__)
+INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
+
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "instances": {"type": "list", "elements": "dict"},
+    "window": {"type": "float", "default": 300.0},
+    "interval": {"type": "float", "default": 5.0},
+    "prometheus_url": {"type": "str"},
+    "prometheus_selector": {"type": "str", "default": _prometheus.DEFAULT_SELECTOR},
+    "prometheus_timeout": {"type": "float", "default": 30.0},
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "nvidia_smi_timeout": {"type": "float", "default": 20.0},
+    "http_timeout": {"type": "float", "default": 30.0},
+    "pct": {"type": "str", "default": "pct"},
+    "policy": {"type": "dict", "default": {}},
+    "results": {"type": "dict"},
+    "output": {"type": "path"},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _requires_connection = True
+
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        del tmp
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        problems = check_args(args)
+        if problems:
+            result.update(failed=True, changed=False, msg="invalid arguments: " + "; ".join(problems))
+            return result
+        if args.get("results") is not None:
+            result.update(report(args))
+        else:
+            result.update(self.observe_and_advise(args, task_vars))
+        result["changed"] = False
+        return result
+
+    def observe_and_advise(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        hostname = str(task_vars.get("inventory_hostname", "localhost"))
+        instances = list(args["instances"])
+        prometheus = args.get("prometheus_url")
+        window, interval = float(args["window"]), float(args["interval"])
+        slim = [{k: i.get(k) for k in ("name", "unit", "gpus", "port", "container", "http_host")} for i in instances]
+        observed = self._execute_module(
+            module_name=OBSERVE_MODULE,
+            module_args={
+                "instances": slim,
+                "options": {
+                    "window": window,
+                    "interval": interval,
+                    "sample_metrics": not prometheus,
+                    "journal_pattern": JOURNAL_PATTERN,
+                    "nvidia_smi": args["nvidia_smi"],
+                    "nvidia_smi_timeout": args["nvidia_smi_timeout"],
+                    "http_timeout": args["http_timeout"],
+                },
+                "pct": args["pct"],
+            },
+            task_vars=task_vars,
+        )
+        layers = self.inventory_layers(task_vars, instances)
+        out: dict[str, Any] = {
+            "host": hostname,
+            "inventory": layers,
+            "window_s": window,
+            "interval_s": interval,
+            "source": "prometheus" if prometheus else "sampled /metrics",
+            "instances": [],
+        }
+        if observed.get("failed") and not observed.get("instances"):
+            out["host_problem"] = f"the observe phase failed: {observed.get('msg')}"
+            return out
+        by_name = observed.get("instances") or {}
+        gpus_by_place = observed.get("containers") or {}
+        if prometheus:
+            end = time.time()
+            start = end - window
+            address = str(task_vars.get("ansible_host") or hostname)
+            for inst in instances:
+                facts = by_name.setdefault(inst["name"], {})
+                selector = _prometheus.selector_for(
+                    args["prometheus_selector"],
+                    host=address,
+                    inventory_hostname=hostname,
+                    port=inst["port"],
+                    name=inst["name"],
+                )
+                samples, problems = _prometheus.read_samples(
+                    prometheus, selector, start, end, interval, args["prometheus_timeout"]
+                )
+                facts["samples"] = samples
+                facts["metrics_errors"] = problems[:3]
+        policy = _advisor.Policy(**args["policy"])
+        for inst in instances:
+            place = "host" if inst.get("container") is None else str(inst["container"])
+            host_side = gpus_by_place.get(place) or {}
+            observation = by_name.get(inst["name"]) or {"server_info_error": "no observation"}
+            evidence = _advisor.evidence_from_observation(
+                hostname,
+                inst,
+                observation,
+                host_side.get("gpus") or {},
+                float(host_side.get("window_s") or window),
+                interval,
+                out["source"],
+            )
+            display.vvv(f"advise: {inst['name']}: {len(observation.get('samples') or [])} samples", host=hostname)
+            out["instances"].append(_advisor.advise_instance(evidence, policy).to_dict())
+        return out
+
+    def inventory_layers(
+        self, task_vars: dict[str, Any], resolved: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The host's settings layers as the inventory writes them (for the patch), and its
+        instances as ``sglang_server_instances`` entries (for ``advise --trial``, which relaunches
+        one of them with the proposal as its own args)."""
+        templar = self._templar.copy_with_new_env(available_variables=task_vars)
+        values = {name: templar.template(task_vars[name]) for name in INVENTORY_VARIABLES if name in task_vars}
+        instance_args = {}
+        for entry in values.get("sglang_server_instances") or []:
+            if isinstance(entry, dict) and entry.get("name") and entry.get("args"):
+                instance_args[str(entry["name"])] = dict(entry["args"])
+        return {
+            "sglang_server_args": dict(values.get("sglang_server_args") or {}),
+            "sglang_server_host_args": dict(values.get("sglang_server_host_args") or {}),
+            "instance_args": instance_args,
+            "instances": layout_entries(values.get("sglang_server_instances"), resolved or []),
+        }
+
+
+def layout_entries(entries: Any, resolved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The host's ``sglang_server_instances`` as the inventory writes it, or - for the default
+    layout (one instance per GPU) - the same instances written out (name, gpus, port, container)."""
+    if isinstance(entries, list) and entries:
+        return [dict(e) for e in entries if isinstance(e, dict)]
+    out = []
+    for inst in resolved:
+        entry = {"name": inst.get("name"), "gpus": list(inst.get("gpus") or []), "port": inst.get("port")}
+        if inst.get("container") is not None:
+            entry["container"] = inst["container"]
+        out.append(entry)
+    return out
+
+
+def check_args(args: dict[str, Any]) -> list[str]:
+    problems = []
+    if args.get("results") is None and args.get("instances") is None:
+        problems.append("give instances (the observe phase of a host) or results (the fleet report)")
+    if args.get("results") is not None and args.get("instances") is not None:
+        problems.append("give either instances or results, not both")
+    for key in ("window", "interval", "prometheus_timeout", "nvidia_smi_timeout", "http_timeout"):
+        if args[key] <= 0:
+            problems.append(f"{key} must be > 0")
+    if args["interval"] > args["window"] and args.get("instances") is not None:
+        problems.append("interval must not exceed window")
+    unknown = sorted(set(args["policy"]) - POLICY_KEYS)
+    if unknown:
+        problems.append(f"policy: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)}")
+    url = args.get("prometheus_url")
+    if url and not str(url).startswith(("http://", "https://")):
+        problems.append(f"prometheus_url {url!r} must start with http:// or https://")
+    for i, inst in enumerate(args.get("instances") or []):
+        missing = [k for k in ("name", "unit", "gpus", "port", "version", "args") if k not in inst]
+        if missing:
+            problems.append(
+                f"instances[{i}] lacks {missing} (pass the resolved instances of sglang_ops.fleet.server_validate)"
+            )
+    return problems
+
+
+def report(args: dict[str, Any]) -> dict[str, Any]:
+    """The fleet report from every host's result, and the patch file on the controller."""
+    results: dict[str, Any] = args["results"] or {}
+    advices: list[dict[str, Any]] = []
+    inventory: dict[str, Any] = {}
+    host_problems: dict[str, str] = {}
+    meta: dict[str, Any] = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for host, given in sorted(results.items()):
+        res = given if isinstance(given, dict) else {}
+        if res.get("host_problem") or not res.get("instances"):
+            host_problems[host] = str(res.get("host_problem") or res.get("msg") or "no result")
+        advices.extend(a for a in res.get("instances") or [] if isinstance(a, dict))
+        inventory[host] = res.get("inventory") or {}
+        for key in ("window_s", "interval_s", "source"):
+            if res.get(key) is not None:
+                meta.setdefault(key, res[key])
+    out_report = _advisor.fleet_report(advices, inventory, meta, host_problems)
+    # Each host's instances as sglang_server_instances entries (advise --trial's canary override).
+    out_report["layouts"] = {h: list(v.get("instances") or []) for h, v in inventory.items()}
+    output = args.get("output")
+    patch_text = _advisor.patch_yaml(out_report)
+    written = None
+    if output:
+        write_file(output, patch_text)
+        written = output
+    out_report["patch_path"] = written
+    text = _advisor.report_text(out_report, written)
+    return {
+        "report": out_report,
+        "text": text,
+        "report_lines": text.rstrip("\n").splitlines(),
+        "patch_path": written,
+        "patch_yaml": patch_text,
+        "advice_produced": out_report["advice_produced"],
+        "msg": f"advice for {len(advices)} instance(s)" + (f"; patch: {written}" if written else ""),
+    }
+
+
+def write_file(path: str, content: str) -> None:
+    """Atomic write on the controller (the directory is made if missing)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".advice-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,156 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Operations on the generation clients of the host: ``clients`` (which run, which answer on
+their control socket, which of the retune's instances each sends to), ``drain`` and ``resume``
+(endpoints of one wave, through the control socket), ``client_stop`` and ``client_start``
+(systemctl, for the clients that do not answer)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .clients import DRAIN_CALL_MARGIN, HELLO_TIMEOUT, RESUME_TIMEOUT, ClientError, sends_to
+from .defaults import DEFAULTS
+from .host import Host, parallel
+from .systemd import stopped
+
+# A client's stop drains its own requests and uploads its shard (its unit's TimeoutStopSec bounds
+# it); systemctl is given this long before the stop counts as failed.
+CLIENT_STOP_TIMEOUT = 900.0
+CLIENT_START_TIMEOUT = 120.0
+RUNNING_STATES = ("active", "activating", "reloading")
+
+
+def client_units(req: dict[str, Any]) -> list[str]:
+    return [str(u) for u in req.get("client_units", DEFAULTS["client_units"]) or []]
+
+
+def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """Per client unit: its systemd state, its socket, its hello (endpoints), and which of the
+    request's instances it sends to (same port, a host that is this one)."""
+    units = client_units(req)
+    instances = list(req.get("instances") or [])
+    timeout = float(req.get("client_hello_timeout", HELLO_TIMEOUT))
+    states = host.units(units) if units else {}
+    out: dict[str, Any] = {}
+    for unit in units:
+        st = states.get(unit, {})
+        path = host.client_socket(unit)
+        active, sub = st.get("ActiveState", ""), st.get("SubState", "")
+        entry: dict[str, Any] = {
+            "unit": unit,
+            "load_state": st.get("LoadState", ""),
+            "active_state": active,
+            "sub_state": sub,
+            "main_pid": int(st.get("MainPID") or 0),
+            # A finished job's client exits 0 and stays "active (exited)": nothing runs.
+            "running": active in RUNNING_STATES and sub != "exited",
+            "socket": path,
+            "socket_exists": os.path.exists(path),
+            "answered": False,
+            "sends_to": {},
+        }
+        out[unit] = entry
+        if not entry["running"]:
+            continue
+        try:
+            hello = host.client_call(unit, {"op": "hello"}, timeout)
+        except ClientError as exc:
+            entry["error"] = str(exc)
+            continue
+        endpoints = [e for e in hello.get("endpoints") or [] if isinstance(e, dict)]
+        entry.update(
+            answered=True,
+            pid=hello.get("pid"),
+            client_unit=hello.get("unit"),
+            shard=hello.get("shard"),
+            state=hello.get("state"),
+            endpoints=endpoints,
+            sends_to=sends_to(endpoints, instances, host.is_local_host),
+        )
+    return {"clients": out}
+
+
+def _socket_op(req: dict[str, Any], host: Host, op: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
+    """``op`` on each client of ``req["clients"]`` (unit -> endpoint URLs), at once: per client
+    ``{"ok": true, **answer}`` or ``{"ok": false, "error": why}``."""
+    plan = {str(u): list(urls) for u, urls in (req.get("clients") or {}).items()}
+
+    def one(item: dict[str, Any]) -> dict[str, Any]:
+        try:
+            answer = host.client_call(item["unit"], {"op": op, "endpoints": item["endpoints"], **extra}, timeout)
+        except ClientError as exc:
+            return {"ok": False, "error": str(exc), "socket": host.client_socket(item["unit"])}
+        return {**answer, "ok": True}
+
+    answers = parallel(one, [{"unit": u, "endpoints": urls} for u, urls in plan.items()])
+    # An exception in a worker comes back as parallel's own failure record (no "ok").
+    return {
+        "clients": {
+            unit: answer if "ok" in answer else {"ok": False, "error": str(answer.get("msg"))}
+            for unit, answer in zip(plan, answers)
+        }
+    }
+
+
+def op_drain(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """Drain one wave's endpoints in each client: it stops sending there, waits up to
+    ``client_drain_timeout`` for their requests in flight and requeues the rest elsewhere. The
+    drain lapses by itself after ``lease`` seconds unless resumed."""
+    timeout = float(req.get("client_drain_timeout", DEFAULTS["client_drain_timeout"]))
+    lease = float(req["lease"])
+    by = str(req.get("by") or "sglang-fleet retune")
+    extra = {"timeout": timeout, "lease": lease, "by": by}
+    return _socket_op(req, host, "drain", timeout + DRAIN_CALL_MARGIN, extra)
+
+
+def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """Resume the endpoints in each client (it re-reads each server's capacity)."""
+    return _socket_op(req, host, "resume", float(req.get("client_resume_timeout", RESUME_TIMEOUT)), {})
+
+
+def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """``systemctl stop`` the client units (SIGTERM: the client finishes its requests in flight and
+    closes its shard), and say how each ended."""
+    units = client_units(req)
+    t0 = host.monotonic()
+    res = host.systemctl(["stop", "--", *units], timeout=float(req.get("client_stop_timeout", CLIENT_STOP_TIMEOUT)))
+    elapsed = round(host.monotonic() - t0, 3)
+    states = host.units(units)
+    out = {}
+    for unit in units:
+        st = states.get(unit, {})
+        done = stopped(st)
+        entry = {
+            "stopped": done,
+            "unit_state": f"{st.get('ActiveState')}/{st.get('SubState')}",
+            "rc": res["rc"],
+            "elapsed_s": elapsed,
+            "action": f"{res['cmd']} (rc={'timed out' if res['rc'] is None else res['rc']})",
+        }
+        if not done:
+            entry["msg"] = f"still {entry['unit_state']} after {entry['action']}: {res['stderr'].strip()}".rstrip(": ")
+        out[unit] = entry
+    return {"clients": out}
+
+
+def op_client_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    """``systemctl start`` the client units (the client resumes its job where it stopped)."""
+    units = client_units(req)
+    res = host.systemctl(["start", "--", *units], timeout=float(req.get("client_start_timeout", CLIENT_START_TIMEOUT)))
+    states = host.units(units)
+    out = {}
+    for unit in units:
+        st = states.get(unit, {})
+        running = st.get("ActiveState") in RUNNING_STATES
+        entry = {
+            "started": running,
+            "unit_state": f"{st.get('ActiveState')}/{st.get('SubState')}",
+            "rc": res["rc"],
+            "action": f"{res['cmd']} (rc={'timed out' if res['rc'] is None else res['rc']})",
+        }
+        if not running:
+            entry["msg"] = f"{entry['unit_state']} after {entry['action']}: {res['stderr'].strip()}".rstrip(": ")
+        out[unit] = entry
+    return {"clients": out}

@@ -1,0 +1,262 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Operation ``observe``: what each instance of the host is doing, for the tuning advisor. It
+changes nothing.
+
+For every instance: its ``/server_info`` once, the startup lines of its current run from the
+unit's journal (the weights, Mamba and KV allocation lines the controller derives the model's
+memory facts from), and - unless the controller reads them from Prometheus - its ``/metrics``
+every ``interval`` seconds for ``window`` seconds (running and queued requests, token and Mamba
+usage, generation throughput and tokens). nvidia-smi's memory.used of every GPU is sampled at the
+same ticks. It returns the raw observations; the controller classifies them
+(``plugin_utils/_advisor.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from typing import Any, Callable
+
+from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
+from .host import Host, parallel
+from .http_client import instance_url
+from .systemd import identity
+
+# The scheduler's startup lines the advisor reads (the controller sends the same expression as
+# ``journal_pattern``: plugin_utils/_model_facts.py JOURNAL_PATTERN).
+JOURNAL_PATTERN = (
+    "Load weight begin|Load weight end|Mamba Cache is allocated|KV Cache is allocated|"
+    "max_total_num_tokens=|max_running_requests is capped|max_running_requests was reduced"
+)
+# The last startup line: reading a journal from its start (no --grep) stops there.
+LAST_STARTUP_LINE = "max_total_num_tokens="
+JOURNAL_MAX_LINES = 200
+HEAD_MAX_LINES = 50000
+
+# /metrics: gauges (the largest value over the instance's series: TP/DP ranks) and counters (the
+# sum over the series: is_streaming, ...).
+GAUGES = {
+    "sglang:num_running_reqs": "num_running_reqs",
+    "sglang:num_queue_reqs": "num_queue_reqs",
+    "sglang:num_used_tokens": "num_used_tokens",
+    "sglang:token_usage": "token_usage",
+    "sglang:full_token_usage": "full_token_usage",
+    "sglang:mamba_usage": "mamba_usage",
+    "sglang:gen_throughput": "gen_throughput",
+    "sglang:max_total_num_tokens": "max_total_num_tokens",
+    "sglang:context_len": "context_len",
+    "sglang:spec_accept_length": "spec_accept_length",
+    "sglang:utilization": "utilization",
+}
+COUNTERS = {
+    "sglang:generation_tokens_total": "generation_tokens_total",
+    "sglang:num_requests_total": "num_requests_total",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The metrics the advisor reads, from Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name = match.group(1)
+        key = GAUGES.get(name) or COUNTERS.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        if name in COUNTERS:
+            out[key] = out.get(key, 0.0) + value
+        else:
+            out[key] = max(out.get(key, value), value)
+    return out
+
+
+def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
+    instances = req["instances"]
+    window = max(0.0, float(req.get("window", 300)))
+    interval = max(0.1, float(req.get("interval", 5)))
+    sample = bool(req.get("sample_metrics", True))
+    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
+    read_journal = bool(req.get("journal", True))
+    units = host.units([i["unit"] for i in instances])
+
+    results: dict[str, dict[str, Any]] = {}
+    for inst in instances:
+        state = units.get(inst["unit"], {})
+        ident = identity(state)
+        facts: dict[str, Any] = {
+            "name": inst["name"],
+            "unit": inst["unit"],
+            "gpus": list(inst.get("gpus") or []),
+            "port": inst.get("port"),
+            **ident,
+            "running": state.get("ActiveState") == "active" and ident["main_pid"] > 0,
+            "samples": [],
+            "metrics_errors": [],
+        }
+        if read_journal:
+            lines, source, error = startup_journal(host, ident["invocation_id"], inst["unit"], pattern)
+            facts["journal"] = lines
+            facts["journal_source"] = source
+            if error:
+                facts["journal_error"] = error
+        results[inst["name"]] = facts
+
+    def server_info(inst: dict[str, Any]) -> dict[str, Any]:
+        status, body = host.http(instance_url(inst, "/server_info"), host.http_timeout, host.api_key)
+        out: dict[str, Any] = {"server_info_status": status}
+        if status == 200:
+            try:
+                out["server_info"] = host.redactor.obj(json.loads(body))
+            except ValueError:
+                out["server_info_error"] = f"not JSON: {clip(body, 300)!r}"
+        else:
+            out["server_info_error"] = host.redactor.text(clip(body, 300))
+        return out
+
+    running = [i for i in instances if results[i["name"]]["running"]]
+    for inst, info in zip(running, parallel(server_info, running)):
+        results[inst["name"]].update(info)
+    for inst in instances:
+        if not results[inst["name"]]["running"]:
+            results[inst["name"]]["server_info_error"] = "the unit is not running"
+
+    gpus: dict[str, dict[str, Any]] = {}
+    gpu_error: dict[str, Any] | None = None
+    timeout = max(1.0, min(host.http_timeout, interval))
+
+    def metrics(inst: dict[str, Any]) -> dict[str, Any]:
+        status, body = host.http(instance_url(inst, "/metrics"), timeout, host.api_key)
+        if status != 200:
+            return {"error": f"/metrics answered {status}: {clip(host.redactor.text(body), 200)}"}
+        return {"values": parse_metrics(body)}
+
+    start = host.monotonic()
+    tick = 0
+    while True:
+        now = host.monotonic()
+        if gpu_error is None:
+            try:
+                for index, gpu in host.gpus().items():
+                    entry = gpus.setdefault(
+                        str(index),
+                        {
+                            "total_mib": gpu["total_mib"],
+                            "used_mib_min": gpu["used_mib"],
+                            "used_mib_max": 0,
+                            "samples": 0,
+                        },
+                    )
+                    entry["used_mib_min"] = min(entry["used_mib_min"], gpu["used_mib"])
+                    entry["used_mib_max"] = max(entry["used_mib_max"], gpu["used_mib"])
+                    entry["used_mib_last"] = gpu["used_mib"]
+                    entry["samples"] += 1
+            except EvidenceError as exc:
+                gpu_error = exc.to_dict()
+        if sample and running:
+            for inst, got in zip(running, parallel(metrics, running)):
+                facts = results[inst["name"]]
+                if "values" in got:
+                    facts["samples"].append({"t": round(now - start, 3), **got["values"]})
+                else:
+                    error = got.get("error") or got.get("msg") or "failed"
+                    if error not in facts["metrics_errors"] and len(facts["metrics_errors"]) < 3:
+                        facts["metrics_errors"].append(error)
+        if not sample:
+            break
+        next_tick = start + (tick + 1) * interval
+        if next_tick > start + window + 1e-9:
+            break
+        host.sleep(max(0.0, next_tick - host.monotonic()))
+        tick += 1
+    return {
+        "instances": results,
+        "gpus": gpus,
+        "gpu_error": gpu_error,
+        "window_s": round(host.monotonic() - start, 3),
+        "interval_s": interval,
+        "sampled": sample,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The startup lines of the current run
+# ------------------------------------------------------------------------------------------------
+
+
+def startup_journal(host: Host, invocation_id: str, unit: str, pattern: str) -> tuple[list[str], str, str | None]:
+    """(lines, how they were read, error). A host object may bring its own reader as
+    ``startup_journal(invocation_id, unit, pattern)`` (the unit tests' fake host does); the real
+    host reads the journal of the unit's current invocation with ``journalctl --grep``, and from
+    its start up to the last startup line where journalctl cannot match patterns."""
+    reader: Callable[[str, str, str], list[str]] | None = getattr(host, "startup_journal", None)
+    if reader is not None:
+        return list(reader(invocation_id, unit, pattern)), "host", None
+    return journal_startup_lines(invocation_id, unit, pattern, host.redactor)
+
+
+def _journal_argv(invocation_id: str, unit: str) -> list[str]:
+    where = [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
+    return ["journalctl", "--no-pager", "-o", "cat", *where]
+
+
+def journal_startup_lines(
+    invocation_id: str, unit: str, pattern: str, redactor: Redactor
+) -> tuple[list[str], str, str | None]:
+    argv = [*_journal_argv(invocation_id, unit), "--grep", pattern]
+    rc, out, err = run_cmd(argv, timeout=60)
+    lines = [redactor.text(line) for line in out.splitlines() if line.strip()]
+    if rc == 0 or (rc == 1 and not err.strip()) or (lines and rc is not None):
+        return lines[-JOURNAL_MAX_LINES:], "journalctl --grep", None
+    if rc is not None and ("pattern" in err.lower() or "grep" in err.lower() or "pcre" in err.lower()):
+        return journal_head(invocation_id, unit, pattern, redactor)
+    return [], "journalctl --grep", f"ran {' '.join(argv)!r}: rc={rc}, stderr={clip(err, 300)!r}"
+
+
+def journal_head(
+    invocation_id: str, unit: str, pattern: str, redactor: Redactor, timeout: float = 60.0
+) -> tuple[list[str], str, str | None]:
+    """The matching lines of the journal from the run's start, reading no further than the last
+    startup line (or ``HEAD_MAX_LINES``): for a journalctl built without pattern matching."""
+    argv = _journal_argv(invocation_id, unit)
+    wanted = re.compile(pattern)
+    found: list[str] = []
+    try:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+    except FileNotFoundError as exc:
+        return [], "journalctl", str(exc)
+    timer = None
+    try:
+        import threading  # noqa: PLC0415 (only on this fallback path)
+
+        timer = threading.Timer(timeout, kill_group, args=(proc.pid,))
+        timer.start()
+        assert proc.stdout is not None
+        for count, line in enumerate(proc.stdout):
+            if wanted.search(line):
+                found.append(redactor.text(line.rstrip("\n")))
+                if LAST_STARTUP_LINE in line:
+                    break
+            if count >= HEAD_MAX_LINES:
+                break
+    finally:
+        if timer is not None:
+            timer.cancel()
+        kill_group(proc.pid)
+        proc.wait()
+    return found[-JOURNAL_MAX_LINES:], "journalctl (from the start of the run)", None

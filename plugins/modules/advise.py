@@ -1,0 +1,164 @@
+#!/usr/bin/python
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+# Documentation of the sglang_ops.fleet.advise action plugin (the work is done on the controller
+# by plugins/action/advise.py, which runs sglang_ops.fleet.advise_observe on the host); ansible-doc
+# finds action plugins' documentation here. The options are those of ARGUMENT_SPEC there, as a unit
+# test checks.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: advise
+short_description: Find what limits the throughput of SGLang instances, and propose the tuning change
+description:
+  - Per host (with O(instances)) - observes every instance for O(window) seconds (its C(/metrics)
+    every O(interval) seconds, or a range query of Prometheus when O(prometheus_url) is set; its
+    C(/server_info); the weights, Mamba cache and KV cache allocation lines of its current run in
+    the unit's journal; nvidia-smi's GPU memory), derives the model's memory facts from that
+    evidence, and classifies each instance - C(mamba-bound) (running requests pinned at the
+    effective max, Mamba state slots full), C(kv-bound) (the KV cache nearly full),
+    C(max-running-bound) (pinned at max_running_requests with memory to spare), C(client-bound)
+    (below the max with no queue), C(compute-bound) (none of these), C(unknown) (not enough
+    evidence).
+  - For C(mamba-bound), C(max-running-bound) and C(kv-bound) it proposes settings that fit in the GPU's
+    memory per SGLang's own memory arithmetic for the release, and that the release's flag table
+    accepts, with the predicted effective max running requests and throughput; for C(client-bound)
+    the generation clients' concurrency; for C(compute-bound) nothing.
+  - Once (with O(results), every host's result) - the fleet report (instances with identical settings
+    and advice grouped), and the inventory patch written on the controller at O(output).
+  - Nothing is ever applied - the operator reviews the patch and commits it, then runs the retune.
+version_added: 0.1.0
+author: sglang-fleet contributors
+options:
+  instances:
+    description: The host's resolved instances, as returned by M(sglang_ops.fleet.server_validate).
+    type: list
+    elements: dict
+  window:
+    description: Seconds to observe (or to read back from Prometheus).
+    type: float
+    default: 300.0
+  interval:
+    description: Seconds between two metrics samples (the Prometheus query step).
+    type: float
+    default: 5.0
+  prometheus_url:
+    description:
+      - Prometheus's base URL (C(http://prometheus:9090)). When set, the metrics of the last O(window)
+        seconds are read with range queries of its HTTP API, on the controller, instead of sampling
+        C(/metrics) on the host for O(window) seconds.
+      - Give a URL without credentials (it is recorded with the task's arguments).
+    type: str
+  prometheus_selector:
+    description:
+      - The label selector of one instance's series; placeholders C({host}) (C(ansible_host), else the
+        inventory name), C({inventory_hostname}), C({port}) and C({name}) (the instance).
+      - The default matches the labels the role C(sglang_ops.fleet.monitoring) gives every target;
+        C(instance="{host}:{port}") (the scrape target) suits a Prometheus set up otherwise.
+    type: str
+    default: 'host="{inventory_hostname}",instance_name="{name}"'
+  prometheus_timeout:
+    description: Seconds per Prometheus query.
+    type: float
+    default: 30.0
+  nvidia_smi:
+    description: The nvidia-smi command on the host.
+    type: str
+    default: nvidia-smi
+  nvidia_smi_timeout:
+    description: Seconds each nvidia-smi call may take.
+    type: float
+    default: 20.0
+  http_timeout:
+    description:
+      - Timeout of the C(/server_info) request (each C(/metrics) request - the smaller of this and
+        O(interval)).
+    type: float
+    default: 30.0
+  pct:
+    description: The C(pct) command on a Proxmox node.
+    type: str
+    default: pct
+  policy:
+    description:
+      - Overrides of the advisor's thresholds and limits (C(plugin_utils/_advisor.py) C(Policy); see
+        C(docs/advisor.md)), for example C(max_mem_fraction_static=0.9) or C(saturation_batch_tokens=512).
+    type: dict
+    default: {}
+  results:
+    description: Every host's result of this action with O(instances), keyed by host; gives the fleet report.
+    type: dict
+  output:
+    description: Where the fleet report writes the inventory patch (YAML), on the controller.
+    type: path
+attributes:
+  check_mode:
+    support: full
+    details: Nothing is changed either way; the patch file is written on the controller.
+  action:
+    support: full
+seealso:
+  - module: sglang_ops.fleet.advise_observe
+  - module: sglang_ops.fleet.server_validate
+"""
+
+EXAMPLES = r"""
+- name: Observe the instances of the host and diagnose them
+  sglang_ops.fleet.advise:
+    instances: "{{ sglang_server_resolved.instances }}"
+    window: 300
+  register: _advice
+
+- name: The fleet report, and the patch
+  sglang_ops.fleet.advise:
+    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, '_advice'))) }}"
+    output: advice/sglang-fleet-advice.yml
+  run_once: true
+"""
+
+RETURN = r"""
+instances:
+  description:
+    - Per instance (with O(instances)) - C(diagnosis), C(why) (the evidence in the metrics' own names),
+      C(proposal) (C(changes) as setting - [now, proposed], C(client_changes), the predicted effective
+      max running requests, KV tokens and throughput), C(alternatives), C(stats), C(facts),
+      C(capacity), C(problems).
+  returned: with instances
+  type: list
+  elements: dict
+inventory:
+  description: The host's settings layers as the inventory writes them (for the patch).
+  returned: with instances
+  type: dict
+host_problem:
+  description: Why the host gave no observation.
+  returned: when the observe phase failed
+  type: str
+report:
+  description: The fleet report (groups, instances, patch, problems) as data.
+  returned: with results
+  type: dict
+text:
+  description: The fleet report for people.
+  returned: with results
+  type: str
+report_lines:
+  description: RV(text) as lines.
+  returned: with results
+  type: list
+  elements: str
+patch_path:
+  description: Where the patch was written (null - O(output) not given).
+  returned: with results
+  type: str
+patch_yaml:
+  description: The patch.
+  returned: with results
+  type: str
+advice_produced:
+  description: Whether any instance was diagnosed.
+  returned: with results
+  type: bool
+"""

