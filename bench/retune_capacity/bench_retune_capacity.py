@@ -15,13 +15,16 @@ Printed, for each run:
 
 - capacity lost: instance-seconds not serving, from the client's own record (its endpoint log:
   drained, down, and the client not running), against the sum over waves of (instances in the wave
-  x their relaunch time, drain request to proven health, from the retune's result); goal <= 1.1x;
-- the untouched instances' completion rate during each wave against their rate before the retune;
-  goal >= 95%;
-- completions lost or duplicated (``sglang-fleet verify`` of both shards, and the client's own count
-  against the records): must be 0;
-- saturation: the fraction of samples of each server's running-requests gauge at its effective max
-  running requests (/server_info), before and after the drain run's capacity change; goal >= 98%.
+  x their relaunch time: the drain's wait, then the retune's wall time from the stop to proven
+  health, ``relaunch_s``); goal <= 1.1x;
+- per wave, the completions of the untouched instances (in service, not relaunched yet) against
+  their rate before the retune; goal >= 95%;
+- completions lost or duplicated (``sglang-fleet verify --in-progress`` of both shards, and the
+  client's own count against the records): must be 0;
+- saturation: of the samples of each server's gauges (running and queued requests, /metrics)
+  against its effective max running requests (/server_info), before and after the drain run's
+  capacity change, the share at the max, and the share with running + queued at least the max
+  (every slot a finished request frees has a request waiting); goal >= 98%.
 
 Writes ``timeline.csv`` (completions per second over time, both runs aligned on their start) and
 ``timeline.png`` (both runs) to ``--out``. A benchmark: it prints figures; it exits non-zero only
@@ -41,6 +44,7 @@ import csv
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -224,8 +228,8 @@ def not_serving(events: list[dict[str, Any]], start: float, end: float) -> dict[
 
 
 def relaunch_times(run: dict[str, Any]) -> list[float]:
-    """Per relaunched instance: its drain in the client (if any), then stop to proven health, from
-    the retune's result."""
+    """Per relaunched instance, from the retune's result: its wall time from the stop to proven
+    health (round trips included), and its drain in the client before that, if any."""
     out = []
     for r in run["hosts"].values():
         drained = {}
@@ -234,8 +238,7 @@ def relaunch_times(run: dict[str, Any]) -> list[float]:
                 for name in wave.get("instances", []):
                     drained[name] = max(drained.get(name, 0.0), wave.get("waited_s") or 0.0)
         for inst in r.get("instances", []):
-            phases = ("time_to_dead_s", "time_to_release_s", "time_to_healthy_s")
-            out.append(drained.get(inst["name"], 0.0) + sum(inst.get(k) or 0.0 for k in phases))
+            out.append(drained.get(inst["name"], 0.0) + (inst.get("relaunch_s") or 0.0))
     return out
 
 
@@ -244,41 +247,61 @@ def rate(records: list[dict[str, Any]], urls: set[str], a: float, b: float) -> f
     return n / max(b - a, 1e-9) / max(len(urls), 1)
 
 
-def untouched_ratios(run: dict[str, Any], events: dict[str, list[dict[str, Any]]], records, baseline):
-    """Per wave of the run (a drained interval of one endpoint), the completion rate of the other
-    endpoints of the fleet during it, against their rate before the retune."""
-    ratios = []
+def out_of_service(events: dict[str, list[dict[str, Any]]], a: float, b: float) -> list[tuple[str, str, float, float]]:
+    """(host, url, from, to) of every drained interval of the client's record that starts in [a, b]."""
+    out = []
     for h, evs in events.items():
-        open_at: dict[str, float] = {}
+        since: dict[str, float] = {}
         for e in evs:
-            if not (run["start"] <= e["t"] <= run["end"] + 30):
-                continue
-            if e["event"] == "drained":
-                open_at[e["url"]] = e["t"]
-            elif e["event"] == "resumed" and e["url"] in open_at:
-                a, b = open_at.pop(e["url"]), e["t"]
-                others = {f"{host}|{u}" for host in events for u in baseline[host] if not (host == h and u == e["url"])}
-                for key in others:
-                    host, url = key.split("|", 1)
-                    host_records = [r for r in records if r.get("_host") == host]
-                    before = baseline[host][url]
-                    during = rate(host_records, {url}, a, b)
-                    if before > 0:
-                        ratios.append(during / before)
+            if e["event"] == "drained" and a <= e["t"] <= b:
+                since[e["url"]] = e["t"]
+            elif e["event"] == "resumed" and e.get("url") in since:
+                out.append((h, e["url"], since.pop(e["url"]), e["t"]))
+    return out
+
+
+def untouched_ratios(
+    run: dict[str, Any], events: dict[str, list[dict[str, Any]]], records: list[dict[str, Any]], baseline
+) -> list[float]:
+    """For each wave of the run (an endpoint out of the client's rotation), the completions of the
+    fleet's untouched endpoints during it (in service throughout, and not relaunched yet, so still
+    at their settings of before) against their rates before the retune: one ratio per wave."""
+    waves = out_of_service(events, run["start"], run["end"])
+    by_endpoint: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for r in records:
+        by_endpoint[(r["_host"], r["endpoint"])].append(r["timings"]["finished"])
+    ratios = []
+    for _h, _u, a, b in waves:
+        touched = {(h2, u2) for h2, u2, a2, _b2 in waves if a2 < b}  # out now, or relaunched before
+        done = expected = 0.0
+        for host, urls in baseline.items():
+            for url, before in urls.items():
+                if (host, url) in touched or before <= 0:
+                    continue
+                done += sum(1 for t in by_endpoint[(host, url)] if a <= t < b)
+                expected += before * (b - a)
+        if expected:
+            ratios.append(done / expected)
     return ratios
 
 
-def saturation(samples: dict[str, Path], a: float, b: float) -> tuple[float, int]:
-    at, total = 0, 0
+def saturation(samples: dict[str, Path], a: float, b: float) -> tuple[float, float, int]:
+    """Of the samples of the servers' gauges in [a, b]: the share with the running requests at the
+    effective max, and the share with running + queued at least that (every slot a finished request
+    freed has a request waiting for the server's next step)."""
+    running_at, work_at, total = 0, 0, 0
     for path in samples.values():
         with path.open() as f:
             for row in csv.reader(f):
-                t, _port, running, _queued, cap = row
-                if not (a <= float(t) < b) or not running or not cap:
+                t, _port, running, queued, cap = row
+                if not (a <= float(t) < b) or not running or not cap or not queued:
                     continue
                 total += 1
-                at += float(running) >= float(cap)
-    return (at / total if total else float("nan")), total
+                running_at += float(running) >= float(cap)
+                work_at += float(running) + float(queued) >= float(cap)
+    if not total:
+        return float("nan"), float("nan"), 0
+    return running_at / total, work_at / total, total
 
 
 # --------------------------------------------------------------------------------- main
@@ -359,10 +382,30 @@ def report(out: Path, dirs, drain, stop, t_before, verify, statuses) -> int:
         relaunch = sum(relaunch_times(run))
         ratios = untouched_ratios(run, events, records, baseline) if run is drain else []
         rows[run["label"]] = (lost_s, relaunch, ratios)
-        unt = f"min {min(ratios):.2f}, mean {sum(ratios) / len(ratios):.2f} (n={len(ratios)})" if ratios else "-"
+        unt = f"min {min(ratios):.2f}, mean {sum(ratios) / len(ratios):.2f} ({len(ratios)} waves)" if ratios else "-"
         ratio = lost_s / relaunch if relaunch else float("nan")
         print(f"{run['label']:<6} {run['wall_s']:>6.1f}s {lost_s:>13.1f}s {relaunch:>17.1f}s {ratio:>6.2f}  {unt}")
     print(f"\nstop run / drain run, capacity lost: {rows['stop'][0] / max(rows['drain'][0], 1e-9):.2f}x")
+    waves = out_of_service(events, drain["start"], drain["end"])
+    if waves:
+        out_s = [b - a for _h, _u, a, b in waves]
+        relaunch_s = [i.get("relaunch_s") or 0.0 for r in drain["hosts"].values() for i in r.get("instances", [])]
+        waited = [
+            w.get("waited_s") or 0.0
+            for r in drain["hosts"].values()
+            for c in r.get("clients", [])
+            for w in c.get("waves", [])
+        ]
+        m_out, m_wait, m_relaunch = (
+            statistics.mean(out_s),
+            statistics.mean(waited or [0.0]),
+            statistics.mean(relaunch_s),
+        )
+        print(
+            f"drain run, per relaunched instance (mean): out of the client's rotation {m_out:.1f} s"
+            f" = drain wait {m_wait:.1f} s + stop to proven health {m_relaunch:.1f} s"
+            f" + the rest {m_out - m_wait - m_relaunch:.1f} s (the drain's round trip, the client's resume)"
+        )
     print(
         f"completions: {len(ids)} distinct ids in the shards, {doubled} doubled, client's count {done} "
         f"(lost: {lost}); verify --in-progress rc={verify.returncode}: "
@@ -371,10 +414,11 @@ def report(out: Path, dirs, drain, stop, t_before, verify, statuses) -> int:
     samples = {h: t / "samples.csv" for h, t in dirs.items()}
     sat_before = saturation(samples, t_before, drain["start"])
     sat_after = saturation(samples, drain["end"] + 5, stop["start"])
-    print(
-        f"saturation (running = effective max): before {sat_before[0]:.3f} ({sat_before[1]} samples), "
-        f"after the capacity change {sat_after[0]:.3f} ({sat_after[1]} samples)"
-    )
+    for label, sat in (("before the retune", sat_before), ("after the drain run's capacity change", sat_after)):
+        print(
+            f"saturation {label}: running = effective max in {sat[0]:.3f} of {sat[2]} samples,"
+            f" running + queued >= effective max in {sat[1]:.3f}"
+        )
     timeline(out, records, drain, stop)
     print(f"\nwrote {out / 'timeline.csv'} and {out / 'timeline.png'}")
     return 1 if (doubled or lost or verify.returncode not in (0,)) else 0

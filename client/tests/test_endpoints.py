@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from fake_openai import Behaviour, FakeServer
-from fleetkit import free_port
+from fleetkit import ThreadedFakeServer, cli, free_port, generate_args, read_status, write_prompts
 
 from sglang_fleet.backoff import Backoff
 from sglang_fleet.endpoints import AdjustableLimiter, Endpoint, capacity_from_server_info
@@ -118,3 +119,21 @@ def test_probe_reports_starting_and_missing_servers() -> None:
         assert not ok and "refused" in reason
 
     asyncio.run(body())
+
+
+def test_default_factor_keeps_a_few_requests_waiting_at_each_server(tmp_path: Path) -> None:
+    """With the defaults, auto concurrency is the capacity x 1.25, rounded up: 16 -> 20 in flight, so
+    a slot a finished request frees is refilled at the server's next step (the server keeps a short
+    queue); with --concurrency-factor 1.0 it is the capacity itself."""
+    with ThreadedFakeServer(Behaviour(capacity=16, delay=0.05)) as srv:
+        assert srv.server is not None
+        prompts = write_prompts(tmp_path / "p.jsonl", 400)
+        r = cli("generate", "--prompts", str(prompts), "--output", str(tmp_path / "out"), "--endpoint", srv.url)
+        assert r.returncode == 0, r.stderr
+        assert srv.server.max_running == 20
+        assert read_status(tmp_path / "out")["endpoints"][srv.url]["concurrency"] == 20
+    with ThreadedFakeServer(Behaviour(capacity=16, delay=0.05)) as srv:
+        assert srv.server is not None
+        r = cli(*generate_args(prompts, tmp_path / "out1", srv.url))
+        assert r.returncode == 0, r.stderr
+        assert srv.server.max_running == 16

@@ -227,6 +227,7 @@ instances:
       check mode would_relaunch, would_start), C(reasons), C(state) (running, stopped, down,
       unverified), C(old_main_pid), C(new_main_pid), C(gpu_memory_before_mib),
       C(gpu_memory_released_mib), C(time_to_dead_s), C(time_to_release_s), C(time_to_healthy_s),
+      C(relaunch_s) (wall time from the stop to proven health, round trips included),
       C(effective_max_running_requests_before), C(effective_max_running_requests_after),
       C(flag_diff), C(killed) (PIDs signalled, with their command lines), C(escalated), C(msg).
   returned: always

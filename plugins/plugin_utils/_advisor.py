@@ -65,6 +65,10 @@ DIAGNOSES = (MAMBA_BOUND, KV_BOUND, MAX_RUNNING_BOUND, CLIENT_BOUND, COMPUTE_BOU
 # Settings read from /server_info as SGLang resolved them, except those SGLang itself changes
 # while resolving (they are derived again from what was asked).
 _RESOLVED_BY_SGLANG = ("disable_overlap_schedule", "disable_radix_cache", "max_running_requests")
+# Settings SGLang keeps as launched: where /server_info reports another value than the inventory's,
+# the instance runs other settings than the inventory has (not relaunched since the inventory
+# changed, or an extra-vars override such as advise --trial's canary): the running value counts.
+_RUNNING_WINS = ("max_mamba_cache_size", "mem_fraction_static", "mamba_full_memory_ratio")
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,25 @@ def current_settings(
             continue
         merged[key] = value
     merged.update({k: v for k, v in args.items() if v is not None})
+    merged.update({k: running for k, (_inventory, running) in running_drift(args, server_info).items()})
     return Settings.from_args(merged, env)
+
+
+def running_drift(args: Mapping[str, Any], server_info: Mapping[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+    """{setting: (the inventory's, the running)} where /server_info reports another value than the
+    inventory sets, for the settings SGLang keeps as launched."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in _RUNNING_WINS:
+        wanted, running = args.get(key), (server_info or {}).get(key)
+        if wanted is None or not isinstance(running, (int, float)) or isinstance(running, bool):
+            continue
+        try:
+            same = math.isclose(float(wanted), float(running), rel_tol=1e-9, abs_tol=1e-9)
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            out[key] = (wanted, running)
+    return out
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -327,6 +349,11 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     advice.facts = derived.to_dict()
     advice.problems.extend(f"model facts: {p}" for p in derived.problems)
     settings = current_settings(ev.args, info, ev.env)
+    for key, (wanted, running) in running_drift(ev.args, info).items():
+        advice.problems.append(
+            f"the instance runs {key} {_yaml_scalar(running)}, the inventory has {_yaml_scalar(wanted)} "
+            "(not relaunched with the inventory's settings, or an override): the advice is for what it runs"
+        )
     advice.settings = {k: v for k, v in settings.__dict__.items() if v not in (None, False)}
     plan: CapacityPlan | None = None
     if derived.facts is not None and ev.gpu_total_mib:

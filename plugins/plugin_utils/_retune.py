@@ -230,11 +230,16 @@ class Retune:
         state: str,
         consequence: str,
         per_instance: Callable[[str], dict[str, Any]] | None = None,
+        on_result: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> dict[str, Any] | None:
-        """A phase's per-instance results; if the phase could not run at all, every instance in it
-        fails with ``state`` and the consequence spelled out, and None is returned."""
+        """A phase's per-instance results (``on_result`` sees the whole result); if the phase could
+        not run at all, every instance in it fails with ``state`` and the consequence spelled out,
+        and None is returned."""
         try:
-            return dict(self._phase(op, names, extra, per_instance)["instances"])
+            result = self._phase(op, names, extra, per_instance)
+            if on_result is not None:
+                on_result(result)
+            return dict(result["instances"])
         except PhaseError as exc:
             if exc.result.get("lock_error"):
                 # Refused before it acted (another run holds the host): nothing changed in this
@@ -366,13 +371,21 @@ class Retune:
             self.clients.resume(wave)
 
     def _relaunch_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
+        t0 = time.monotonic()
         stopped = self._stop_and_release(wave)
         if not stopped:
             return False
-        started = self._start(stopped, rollback=False)
+        # The whole wave ready to start, on the host itself (where the clients' sockets are): the
+        # start phase hands its endpoints back to the clients as soon as every instance is healthy.
+        on_host = all(self.instances[n].get("container") is None for n in wave)
+        whole = len(stopped) == len(wave)
+        resume = self.clients.to_resume() if self.clients is not None and whole and on_host else {}
+        started = self._start(stopped, rollback=False, resume=resume)
         failed = [n for n in stopped if n not in started]
         for name in started:
             self.results[name]["action"] = STARTED if decisions[name].action == "start" else RELAUNCHED
+            # Wall time, stop to proven health, round trips included: how long it did not serve.
+            self.results[name]["relaunch_s"] = round(time.monotonic() - t0, 3)
         if failed and self.opts.rollback:
             self._rollback(failed)
         elif failed:
@@ -450,19 +463,27 @@ class Retune:
                 )
         return ready
 
-    def _start(self, names: list[str], rollback: bool) -> list[str]:
-        """Start and prove healthy; returns the instances that are."""
+    def _resumed_by_start(self, result: Mapping[str, Any]) -> None:
+        if self.clients is not None:
+            self.clients.resumed_by_start(((result.get("containers") or {}).get("host") or {}).get("resumed"))
+
+    def _start(self, names: list[str], rollback: bool, resume: Mapping[str, list[str]] | None = None) -> list[str]:
+        """Start and prove healthy; returns the instances that are. ``resume``: the clients'
+        endpoints to hand back once all of them are (unit -> URLs)."""
         if not names:
             return []
+        extra: dict[str, Any] = {
+            "start_timeout": self.opts.start_timeout,
+            "health_timeout": self.opts.health_timeout,
+            "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
+            "smoke_requests": self.opts.smoke_requests,
+        }
+        if resume:
+            extra.update(resume_clients=dict(resume), by=f"sglang-fleet retune of {', '.join(names)}")
         start = self._phase_or_fail(
             "start",
             names,
-            {
-                "start_timeout": self.opts.start_timeout,
-                "health_timeout": self.opts.health_timeout,
-                "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
-                "smoke_requests": self.opts.smoke_requests,
-            },
+            extra,
             state="unknown",
             consequence="state unknown",
             per_instance=lambda n: {
@@ -470,6 +491,7 @@ class Retune:
                 "old_main_pid": self.results[n].get("old_main_pid"),
                 "old_invocation_id": self.results[n].get("old_invocation_id"),
             },
+            on_result=self._resumed_by_start,
         )
         if start is None:
             return []
@@ -561,6 +583,7 @@ class Retune:
             "time_to_dead_s": None,
             "time_to_release_s": None,
             "time_to_healthy_s": None,
+            "relaunch_s": None,
             "has_last_good": bool(facts.get("has_last_good")),
             "running_argv": facts.get("argv"),
             "desired_argv": inst.get("argv"),

@@ -268,14 +268,28 @@ class RetuneClients:
                 fallback.append(client)
         return self._stop(fallback)
 
+    def to_resume(self) -> dict[str, list[str]]:
+        """What the current wave drained, per client (unit -> endpoint URLs): the start phase
+        resumes it as soon as the whole wave is healthy, in its own round trip."""
+        return {unit: list(entry["endpoints"]) for unit, entry in self._drained.items()}
+
+    def resumed_by_start(self, answers: Mapping[str, Any] | None) -> None:
+        """Take the start phase's resume answers; what they did not resume, resume() still does."""
+        for unit, answer in (answers or {}).items():
+            entry = self._drained.get(unit)
+            if entry is not None and isinstance(answer, Mapping) and answer.get("ok"):
+                entry["resumed_capacity"] = dict(answer.get("capacity") or {})
+                del self._drained[unit]
+
     def resume(self, wave: list[str]) -> None:
-        """After a wave, whatever happened to it: resume what was drained for it. A failure is a
-        note (the client's lease ends the drain anyway), never an instance's failure."""
+        """After a wave, whatever happened to it: resume what was drained for it and is not resumed
+        yet (a failed or rolled back wave). A failure is a note (the client's lease ends the drain
+        anyway), never an instance's failure."""
         drained, self._drained = self._drained, {}
         if not drained:
             return
         plan = {unit: list(entry["endpoints"]) for unit, entry in drained.items()}
-        result = self.run_phase("resume", wave, {"clients": plan})
+        result = self.run_phase("resume", wave, {"clients": plan, "by": f"sglang-fleet retune of {_names(wave)}"})
         failure = _failure("resume", result)
         for unit, entry in drained.items():
             answer = _answer(result, failure, unit, {"ok": False, "error": failure})

@@ -178,8 +178,10 @@ class GenerateConfig:
         default="auto",
         metadata=doc("requests in flight per endpoint: N, or auto (from /server_info)", group=_CONCURRENCY_GROUP),
     )
+    # Above 1, a few requests wait at each server: a slot freed by a finished request is refilled at
+    # the server's next step, not a round trip later, so the server stays at its max running requests.
     concurrency_factor: float = field(
-        default=1.0, metadata=doc("auto concurrency = server capacity x this", group=_CONCURRENCY_GROUP)
+        default=1.25, metadata=doc("auto concurrency = server capacity x this (rounded up)", group=_CONCURRENCY_GROUP)
     )
     default_concurrency: int = field(
         default=32, metadata=doc("auto concurrency when the server does not say", group=_CONCURRENCY_GROUP)

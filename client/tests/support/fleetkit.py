@@ -58,8 +58,10 @@ def client_env(**extra: str) -> dict[str, str]:
 
 
 def generate_args(prompts: Path, out: Path, *endpoints: str) -> list[str]:
-    """The words of `sglang-fleet generate` for a prompt file, an output directory and endpoints."""
-    args = ["generate", "--prompts", str(prompts), "--output", str(out)]
+    """The words of `sglang-fleet generate` for a prompt file, an output directory and endpoints.
+    The tests count requests in flight against the servers' capacity, so the auto concurrency is the
+    capacity itself (factor 1.0; test_endpoints checks the default factor)."""
+    args = ["generate", "--prompts", str(prompts), "--output", str(out), "--concurrency-factor", "1.0"]
     for endpoint in endpoints:
         args += ["--endpoint", endpoint]
     return args

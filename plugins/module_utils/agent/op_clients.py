@@ -107,7 +107,8 @@ def op_drain(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
 def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Resume the endpoints in each client (it re-reads each server's capacity)."""
-    return _socket_op(req, host, "resume", float(req.get("client_resume_timeout", RESUME_TIMEOUT)), {})
+    extra = {"by": str(req.get("by") or "sglang-fleet retune")}
+    return _socket_op(req, host, "resume", float(req.get("client_resume_timeout", RESUME_TIMEOUT)), extra)
 
 
 def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from .defaults import DEFAULTS
 from .evidence import clip
 from .host import Host, parallel
 from .http_client import instance_url
+from .op_clients import op_resume
 from .op_inspect import probe_server
 from .procfs import in_cgroup
 from .settings import describe_server_info, differences, process_evidence
@@ -82,7 +83,12 @@ def op_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
     for inst, res in zip(ready, parallel(start_one, ready)):
         out[inst["name"]].update(res)
-    return {"instances": out}
+    result: dict[str, Any] = {"instances": out}
+    if req.get("resume_clients") and all(r.get("healthy") for r in out.values()):
+        # The wave is healthy: hand its endpoints back to the generation clients now, in this round
+        # trip, rather than in one of their own (each round trip is capacity the wave does not serve).
+        result["resumed"] = op_resume({**req, "clients": req["resume_clients"]}, host)["clients"]
+    return result
 
 
 def _prove_started(

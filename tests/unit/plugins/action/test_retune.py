@@ -98,7 +98,6 @@ def test_relaunch_whole_result() -> None:
                 }
             },
             "drain": {"clients": {CLIENT: {"ok": True, "drained": [URL], "abandoned": 0, "waited_s": 0.4}}},
-            "resume": {"clients": {CLIENT: {"ok": True, "resumed": [URL], "capacity": {URL: 64}}}},
             "stop": {"instances": {"gpu0": {"dead": True, "time_to_dead_s": 2.0, "killed": [], "escalated": False}}},
             "release": {
                 "instances": {
@@ -121,13 +120,15 @@ def test_relaunch_whole_result() -> None:
                         "time_to_healthy_s": 12.5,
                         "effective_max_running_requests": 64,
                     }
-                }
+                },
+                # The wave healthy, the start phase handed its endpoints back itself (on the host).
+                "containers": {"host": {"resumed": {CLIENT: {"ok": True, "resumed": [URL], "capacity": {URL: 64}}}}},
             },
         }
     )
     action._execute_module = MagicMock(side_effect=execute)
     result = action.run(task_vars={"inventory_hostname": "node1", "sglang_fleet_lock": {"run_id": "run-1"}})
-    assert [c["op"] for c in calls] == ["inspect", "clients", "drain", "stop", "release", "start", "resume"]
+    assert [c["op"] for c in calls] == ["inspect", "clients", "drain", "stop", "release", "start"]
     assert calls[3]["options"]["stop_timeout"] == 30
     assert calls[5]["options"]["smoke_requests"] == 3
     assert calls[0]["managed_units"] == [{"unit": "sglang-gpu0.service", "container": None}]
@@ -139,13 +140,15 @@ def test_relaunch_whole_result() -> None:
     assert drain["client_drain_timeout"] == 120
     # The lease outlives the wave: the drain, then stop, kills, release, start and checks, twice (rollback).
     assert drain["lease"] == 120 + 2 * (30 + 20 + 300 + 3600 + 120 * 5) + 120
-    assert calls[6]["options"]["clients"] == {CLIENT: [URL]}
+    assert calls[5]["options"]["resume_clients"] == {CLIENT: [URL]}
     elapsed = result.pop("elapsed")
     assert elapsed >= 0
+    relaunch_s = result["instances"][0].pop("relaunch_s")
+    assert 0 <= relaunch_s <= elapsed
     assert result == {
         "changed": True,
         "msg": "1 relaunched",
-        "round_trips": {"inspect": 1, "clients": 1, "drain": 1, "stop": 1, "release": 1, "start": 1, "resume": 1},
+        "round_trips": {"inspect": 1, "clients": 1, "drain": 1, "stop": 1, "release": 1, "start": 1},
         "summary": {"relaunched": ["gpu0"]},
         "clients": [
             {

@@ -5,6 +5,7 @@ effective max running requests). Only this test imports the simulator."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -430,3 +431,29 @@ def test_with_the_clients_sending_40_the_real_retune_comes_first() -> None:
     assert prop.changes == {"max_mamba_cache_size": [80, 200], "mem_fraction_static": [0.854, 0.93]}
     assert (prop.effective_max_after, prop.throughput_factor) == (40, 2.5)
     assert prop.notes[0].startswith("mem_fraction_static 0.93: 13.6 GiB more for the pools")
+
+
+def test_an_instance_running_other_settings_than_the_inventory_is_advised_on_what_it_runs() -> None:
+    # The inventory still has the first tuning (80 slots, ratio 0.4) while the instance runs the
+    # retune (200 slots, 0.6, 0.93): an extra-vars override (advise --trial's canary, the advisor
+    # scenario), or a retune not run since the inventory changed. The memory math must be done on
+    # what it runs, and say so.
+    ev = dataclasses.replace(evidence(RETUNED, 0.93, queue=24, token_usage=0.05), args=dict(FIRST_TUNING))
+    advice = advisor.advise_instance(ev)
+    assert advice.model_check is True
+    assert (
+        "/server_info effective_max_running_requests_per_dp 40 = max_mamba_cache_size 200 // 5 Mamba slots per "
+        "running request (extra_buffer, overlap on, speculative decoding, 4 draft tokens)"
+    ) in advice.why
+    assert advice.problems == [
+        "the instance runs max_mamba_cache_size 200, the inventory has 80 (not relaunched with the inventory's "
+        "settings, or an override): the advice is for what it runs",
+        "the instance runs mamba_full_memory_ratio 0.6, the inventory has 0.4 (not relaunched with the inventory's "
+        "settings, or an override): the advice is for what it runs",
+    ]
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    prop = advice.proposal
+    assert prop is not None and prop.effective_max_before == 40
+    assert prop.changes["max_mamba_cache_size"][0] == 200
+    # Where the inventory and the server agree, nothing is said.
+    assert advisor.running_drift(RETUNED, {"max_mamba_cache_size": 200, "mem_fraction_static": 0.93}) == {}

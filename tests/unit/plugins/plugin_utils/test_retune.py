@@ -114,7 +114,7 @@ class Host:
         if op == "release":
             return {"instances": {n: {"released": True, "time_to_release_s": 3.0, "used_mib": {"0": 0}} for n in names}}
         if op == "start":
-            return {
+            started = {
                 "instances": {
                     n: {
                         "started": True,
@@ -126,6 +126,13 @@ class Host:
                     for n in names
                 }
             }
+            if options.get("resume_clients"):  # as the agent: the healthy wave handed back at once
+                resumed = {
+                    u: {"ok": True, "resumed": urls, "capacity": {url: 40 for url in urls}, "unknown": []}
+                    for u, urls in options["resume_clients"].items()
+                }
+                started["containers"] = {"host": {"resumed": resumed}}
+            return started
         raise AssertionError(op)
 
     def ops(self) -> list[tuple[str, list[str]]]:
@@ -575,13 +582,15 @@ def test_an_answering_client_is_drained_per_wave_and_never_stopped() -> None:
         ("stop", ["gpu0"]),
         ("release", ["gpu0"]),
         ("start", ["gpu0"]),
-        ("resume", {GEN: [url(30000)]}),
         ("drain", {GEN: rest}),
         ("stop", ["gpu1", "gpu2", "gpu3"]),
         ("release", ["gpu1", "gpu2", "gpu3"]),
         ("start", ["gpu1", "gpu2", "gpu3"]),
-        ("resume", {GEN: rest}),
     ]
+    # Each healthy wave is handed back to the client by the start phase itself, in its round trip.
+    starts = [o for op, o in host.options if op == "start"]
+    assert [s["resume_clients"] for s in starts] == [{GEN: [url(30000)]}, {GEN: rest}]
+    assert all("gpu" in s["by"] for s in starts)
     assert "failed" not in out
     assert out["clients_stopped"] == []
     (client,) = out["clients"]
@@ -616,7 +625,7 @@ def test_instances_not_retuned_are_never_drained() -> None:
     out = run(host, insts, client_units=[GEN, OTHER])
     drains = [o["clients"] for op, o in host.options if op == "drain"]
     assert drains == [{GEN: [url(30000)]}]
-    assert [o["clients"] for op, o in host.options if op == "resume"] == [{GEN: [url(30000)]}]
+    assert [o.get("resume_clients") for op, o in host.options if op == "start"] == [{GEN: [url(30000)]}]
     assert not any(op in ("client_stop", "client_start") for op, _ in host.ops())
     modes = {c["unit"]: c["mode"] for c in out["clients"]}
     assert modes == {GEN: "drained", OTHER: "not sending here"}
@@ -698,8 +707,7 @@ def test_a_client_whose_drain_fails_is_stopped_for_the_rest_of_the_retune() -> N
         "drain",
         "stop",
         "release",
-        "start",
-        "resume",
+        "start",  # the canary healthy, its endpoint handed back in this round trip
         "drain",
         "client_stop",
         "stop",
@@ -792,11 +800,30 @@ def test_a_failed_resume_is_a_host_note_not_an_instance_failure() -> None:
     def resume(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
         return {"clients": {u: {"ok": False, "error": "no answer within 45s"} for u in options["clients"]}}
 
-    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume)
+    def start(names: list[str], _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        # Healthy, but the client did not answer the start phase's resume either.
+        failed = {u: {"ok": False, "error": "no answer within 45s"} for u in options["resume_clients"]}
+        return {
+            "instances": {n: {"started": True, "healthy": True} for n in names},
+            "containers": {"host": {"resumed": failed}},
+        }
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume, start=start)
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    # What the start phase could not resume, the resume phase tries again.
+    assert [op for op, _ in host.ops()][-2:] == ["start", "resume"]
     assert "failed" not in out
     assert out["instances"][0]["action"] == "relaunched"
     assert out["notes"][1].startswith(f"client {GEN}: resuming gpu0 failed (no answer within 45s); its drain lapses")
+
+
+def test_a_wave_in_an_lxc_container_is_resumed_from_the_host_not_by_its_start() -> None:
+    """The clients' sockets are on the host; a container's start phase runs in the container."""
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])})
+    out = run(host, [{**instance("gpu0", 30000), "container": 101}], client_units=[GEN])
+    assert out["instances"][0]["action"] == "relaunched"
+    assert "resume_clients" not in next(o for op, o in host.options if op == "start")
+    assert [o["clients"] for op, o in host.options if op == "resume"] == [{GEN: [url(30000)]}]
 
 
 def test_a_client_not_started_again_fails_the_host() -> None:

@@ -349,8 +349,8 @@ def test_a_drain_that_never_answers_gives_an_error_after_its_timeout_and_margin(
 def test_resume_answers_each_endpoints_capacity(tmp_path: Path, sockdir: str, serve: Any) -> None:
     host = FakeHost(tmp_path, sockdir)
     client = serve(GEN, hello([URL0, URL1]))
-    out = ops.run({"op": "resume", "clients": {GEN: [URL0, URL1]}}, host)
-    assert client.requests == [{"v": 1, "op": "resume", "endpoints": [URL0, URL1]}]
+    out = ops.run({"op": "resume", "clients": {GEN: [URL0, URL1]}, "by": "sglang-fleet retune of gpu0"}, host)
+    assert client.requests == [{"v": 1, "op": "resume", "endpoints": [URL0, URL1], "by": "sglang-fleet retune of gpu0"}]
     assert out["clients"][GEN]["ok"] is True
     assert out["clients"][GEN]["capacity"] == {URL0: 40, URL1: 40}
 

@@ -339,3 +339,34 @@ def test_inspect_in_check_mode_reads_the_startup_journal_as_observe_does(tmp_pat
     facts = ops.run({"op": "inspect", "instances": [instance()], "startup_journal": True}, host)["instances"]["gpu0"]
     assert facts["journal"] == lines and facts["journal_source"] == "host"
     assert asked[0][:2] == ("inv-1", UNIT) and "Mamba Cache is allocated" in asked[0][2]
+
+
+def _recording_clients(host: Any) -> list[tuple[str, dict[str, Any]]]:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def client_call(unit: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        calls.append((unit, request))
+        return {"resumed": request["endpoints"], "capacity": {url: 64 for url in request["endpoints"]}}
+
+    host.client_call = client_call
+    return calls
+
+
+def test_start_hands_the_wave_back_to_the_clients_once_every_instance_is_healthy(tmp_path: Path) -> None:
+    host = starting_host(tmp_path, {"max_running_requests": 48})
+    calls = _recording_clients(host)
+    url = "http://127.0.0.1:30000"
+    req = {"op": "start", "instances": [instance()], "resume_clients": {"gen.service": [url]}}
+    result = ops.run(req, host)
+    assert result["instances"]["gpu0"]["healthy"] is True
+    assert calls == [("gen.service", {"op": "resume", "endpoints": [url], "by": "sglang-fleet retune"})]
+    assert result["resumed"] == {"gen.service": {"resumed": [url], "capacity": {url: 64}, "ok": True}}
+
+
+def test_start_leaves_the_resume_to_the_retune_when_an_instance_is_not_healthy(tmp_path: Path) -> None:
+    host = starting_host(tmp_path, {"max_running_requests": 99})
+    calls = _recording_clients(host)
+    req = {"op": "start", "instances": [instance()], "resume_clients": {"gen.service": ["http://127.0.0.1:30000"]}}
+    result = ops.run(req, host)
+    assert result["instances"]["gpu0"]["healthy"] is False
+    assert calls == [] and "resumed" not in result
