@@ -75,7 +75,9 @@ _RUNNING_WINS = ("max_mamba_cache_size", "mem_fraction_static", "mamba_full_memo
 class Policy:
     """The advisor's thresholds and limits (defaults documented in docs/advisor.md)."""
 
-    pinned_fraction: float = 0.8  # running = effective max in at least this share of the samples
+    # At the effective max in at least this share of the samples: running = the max, or the slots a
+    # finished request freed being refilled from the queue (running + queued >= the max, a queue).
+    pinned_fraction: float = 0.8
     queue_min: float = 1.0  # mean queued requests that count as a backlog
     mamba_full: float = 0.9  # sglang:mamba_usage (mean) that counts as full
     kv_full: float = 0.9  # sglang:token_usage (90th percentile) that counts as full
@@ -117,7 +119,8 @@ class WindowStats:
     duration_s: float = 0.0
     running_mean: float | None = None
     running_max: float | None = None
-    pinned_fraction: float | None = None  # share of samples with running >= the effective max
+    pinned_fraction: float | None = None  # share of samples at the effective max (see Policy)
+    refill_fraction: float | None = None  # of those, the share below it with the queue refilling
     queue_mean: float | None = None
     queue_max: float | None = None
     token_usage_mean: float | None = None
@@ -143,7 +146,19 @@ def window_stats(samples: Sequence[Mapping[str, Any]], effective_max: int | None
     stats.running_mean, stats.running_max = _mean(running), (max(running) if running else None)
     stats.queue_mean, stats.queue_max = _mean(queue), (max(queue) if queue else None)
     if running and effective_max:
-        stats.pinned_fraction = sum(1 for r in running if r >= effective_max) / len(running)
+        # SGLang's running gauge dips between a request's end and the next batch's admission from
+        # the queue: a server with requests waiting for those slots is at its max all the same.
+        at_max = refilling = 0
+        for s in samples:
+            run, queued = s.get("num_running_reqs"), s.get("num_queue_reqs") or 0
+            if not isinstance(run, (int, float)):
+                continue
+            if run >= effective_max:
+                at_max += 1
+            elif queued > 0 and run + queued >= effective_max:
+                refilling += 1
+        stats.pinned_fraction = (at_max + refilling) / len(running)
+        stats.refill_fraction = refilling / len(running)
     usage_key = "token_usage" if _series(samples, "token_usage") else "full_token_usage"
     usage = _series(samples, usage_key)
     stats.token_usage_mean, stats.token_usage_p90 = _mean(usage), _quantile(usage, 0.9)
@@ -426,7 +441,11 @@ def diagnose(
             binding = "mamba"
     pct = round(100 * (stats.pinned_fraction or 0.0))
     if pinned:
-        why.append(f"sglang:num_running_reqs = {eff} = effective max {eff} for {pct}% of the window")
+        refill = round(100 * (stats.refill_fraction or 0.0))
+        why.append(
+            f"sglang:num_running_reqs = {eff} = effective max {eff} for {pct}% of the window"
+            + (f" ({refill}% just below it, the queue refilling slots freed by finished requests)" if refill else "")
+        )
     else:
         why.append(
             f"sglang:num_running_reqs mean {_fmt(stats.running_mean, 1)} (max {_fmt(stats.running_max)}) "

@@ -246,6 +246,26 @@ def test_the_b200_run_is_mamba_bound_and_gets_more_slots_within_memory() -> None
     ] == [(200, 0.93, 40)]
 
 
+def test_a_running_gauge_dipping_between_admissions_with_a_queue_is_still_at_the_max() -> None:
+    """SGLang's running gauge dips between a request's end and the next batch's admission: short
+    completions make it read 14-15 of 16 in a quarter of the samples while requests wait. With a
+    queue refilling those slots the server is at its max: Mamba-bound, not client-bound."""
+    ev = evidence(FIRST_TUNING, 0.854, queue=4, token_usage=0.03)
+    for i, sample in enumerate(ev.observation["samples"]):
+        if i % 4 == 0:
+            sample["num_running_reqs"] = 14
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    assert advice.why[0] == (
+        "sglang:num_running_reqs = 16 = effective max 16 for 100% of the window "
+        "(26% just below it, the queue refilling slots freed by finished requests)"
+    )
+    # Without the queue the same dips are a server below its max: not pinned.
+    for sample in ev.observation["samples"]:
+        sample["num_queue_reqs"] = 0
+    assert advisor.advise_instance(ev).diagnosis != advisor.MAMBA_BOUND
+
+
 def test_the_b200_report_and_patch_for_the_fleet() -> None:
     advices = [
         advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, name=f"gpu{i}")).to_dict()
