@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))  # bench/, for the helpers the benchmarks share
+from _playbook import playbook  # noqa: E402
+
 GPUS = 8
 # The GPU memory release delay is 0 here: with memory still held by the old process, the naive
 # restart's new server fails to start (as real SGLang does, "Not enough memory"), and there would
@@ -75,40 +74,25 @@ def tuning(directory: Path, mrr: int) -> Path:
     return path
 
 
-def playbook(inv: Path, name: str, *extra: str) -> float:
-    env = dict(os.environ)
-    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
-    env.setdefault("CONTAINERS_CONF", str(REPO / "tools/testhost/containers.conf"))
-    env["PATH"] = f"{REPO / '.venv/bin'}:{env['PATH']}"
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inv), str(HERE / name), *extra]
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-3000:])
-        raise SystemExit(f"{name} failed (rc={proc.returncode})")
-    return wall
-
-
 def bench(hosts: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="sglang-bench-") as tmp:
         d = Path(tmp)
         inv = inventory(d, hosts)
         a, b = tuning(d, 64), tuning(d, 65)
         results = d / "results.json"
-        playbook(inv, "setup.yml", "-e", f"@{a}")
+        playbook(inv, HERE / "setup.yml", "-e", f"@{a}")
         try:
             retune_walls, naive_walls, trips = [], [], []
             for _ in range(rounds):
-                retune_walls.append(playbook(inv, "retune.yml", "-e", f"@{b}", "-e", f"bench_results={results}"))
+                retune_walls.append(playbook(inv, HERE / "retune.yml", "-e", f"@{b}", "-e", f"bench_results={results}"))
                 per_host = json.loads(results.read_text())
                 actions = {i["action"] for r in per_host.values() for i in r["instances"]}
                 if actions != {"relaunched"}:
                     raise SystemExit(f"unexpected retune actions {actions}")
                 trips.extend(r["round_trips"] for r in per_host.values())
-                naive_walls.append(playbook(inv, "naive.yml", "-e", f"@{a}"))
+                naive_walls.append(playbook(inv, HERE / "naive.yml", "-e", f"@{a}"))
         finally:
-            playbook(inv, "teardown.yml")
+            playbook(inv, HERE / "teardown.yml")
     retune_wall = statistics.median(retune_walls)
     naive_wall = statistics.median(naive_walls)
     return {

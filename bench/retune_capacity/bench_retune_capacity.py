@@ -42,7 +42,6 @@ import collections
 import contextlib
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -56,8 +55,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-BIN = REPO / ".venv" / "bin"
+sys.path.insert(0, str(HERE.parent))  # bench/, for the helpers the benchmarks share
+from _playbook import BIN, REPO, playbook  # noqa: E402
+
 HOSTS = ["sglang-cap-0", "sglang-cap-1"]
 GPUS = 4
 PORTS = [30000 + i for i in range(GPUS)]
@@ -117,20 +117,6 @@ def write_prompts(d: Path, n: int) -> Path:
         for i in range(n):
             f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}"}]}) + "\n")
     return path
-
-
-def playbook(inv: Path, name: str, *extra: str) -> float:
-    env = dict(os.environ)
-    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
-    env.setdefault("CONTAINERS_CONF", str(REPO / "tools/testhost/containers.conf"))
-    env["PATH"] = f"{BIN}:{env['PATH']}"
-    argv = [str(BIN / "ansible-playbook"), "-i", str(inv), name, *extra]
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-8000:] + proc.stderr[-3000:])
-        raise SystemExit(f"{name} failed (rc={proc.returncode})")
-    return time.monotonic() - t0
 
 
 def podman(*args: str, check: bool = True) -> str:

@@ -107,14 +107,21 @@ def test_request_retries_and_throttling_wait_at_most_backoff_max(tmp_path: Path)
     assert max(delays) <= CAP
 
 
-def _flaky(failures: int) -> tuple[list[int], Any]:
+def _probes_fail_first(ep: Endpoint, failures: int) -> list[int]:
+    """Makes the health probes of ``ep`` fail ``failures`` times, then succeed, and its capacity read
+    a no-op (there is no server). Returns the number of probes so far, in a list that they update."""
     calls = [0]
 
-    def call() -> bool:
+    async def probe(timeout: float = 10.0) -> tuple[bool, str]:
         calls[0] += 1
-        return calls[0] > failures
+        return (True, "ok") if calls[0] > failures else (False, "refused")
 
-    return calls, call
+    async def refresh(timeout: float = 10.0) -> None:
+        return None
+
+    ep.probe = probe  # type: ignore[method-assign]
+    ep.refresh_capacity = refresh  # type: ignore[method-assign]
+    return calls
 
 
 async def _timed(coro: Any) -> float:
@@ -135,16 +142,7 @@ def test_health_probes_of_a_down_endpoint_wait_at_most_backoff_max() -> None:
             connect_timeout=1,
             backoff=Backoff(5.0, CAP),
         )
-        calls, ok = _flaky(5)
-
-        async def probe(timeout: float = 10.0) -> tuple[bool, str]:
-            return (True, "ok") if ok() else (False, "refused")
-
-        async def refresh(timeout: float = 10.0) -> None:
-            return None
-
-        ep.probe = probe  # type: ignore[method-assign]
-        ep.refresh_capacity = refresh  # type: ignore[method-assign]
+        calls = _probes_fail_first(ep, 5)
         ep.mark_up()
         ep.mark_down("refused")
         elapsed = await _timed(ep.wait_up())
@@ -171,16 +169,7 @@ def test_health_probes_at_start_wait_at_most_backoff_max(tmp_path: Path) -> None
         )
         d.make_endpoints()
         (ep,) = endpoints
-        calls, ok = _flaky(5)
-
-        async def probe(timeout: float = 10.0) -> tuple[bool, str]:
-            return (True, "ok") if ok() else (False, "refused")
-
-        async def refresh(timeout: float = 10.0) -> None:
-            return None
-
-        ep.probe = probe  # type: ignore[method-assign]
-        ep.refresh_capacity = refresh  # type: ignore[method-assign]
+        calls = _probes_fail_first(ep, 5)
         elapsed = await _timed(d.start_endpoints())
         assert ep.is_up and calls[0] == 6
         await ep.close()

@@ -17,13 +17,15 @@ from typing import Any
 import pytest
 from fake_openai import Behaviour, FakeServer
 from fleetkit import (
+    FAST_FAKE,
     ThreadedFakeServer,
-    cli,
+    gen,
     generate_args,
     read_records,
     read_status,
     start_cli,
     stop_process,
+    verify,
     wait_for,
     write_prompts,
 )
@@ -31,8 +33,6 @@ from fleetkit import (
 from sglang_fleet.backoff import Backoff
 from sglang_fleet.control_socket import unit_name
 from sglang_fleet.endpoints import Endpoint
-
-FAST = ["--backoff-base", "0.01", "--backoff-max", "0.05", "--progress", "log", "--status-interval", "0.2"]
 
 
 def ask(path: Path, request: Any, *, raw: bytes | None = None, timeout: float = 30) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def start(tmp: Path, prompts: Path, *urls: str, extra: tuple[str, ...] = ()) -> 
     sock = tmp / "run" / "clients" / "ctl.sock"
     proc = start_cli(
         *generate_args(prompts, tmp / "out", *urls),
-        *FAST,
+        *FAST_FAKE,
         "--control-socket",
         str(sock),
         "--endpoint-log",
@@ -76,8 +76,7 @@ def endpoint(reply: dict[str, Any], url: str) -> dict[str, Any]:
 def exactly_once(prompts: Path, out: Path, n: int) -> list[dict[str, Any]]:
     recs = read_records(out)
     assert len(recs) == n and len({r["id"] for r in recs}) == n
-    r = cli("verify", "--prompts", str(prompts), "--output", str(out))
-    assert r.returncode == 0, r.stdout
+    verify(prompts, out)
     return recs
 
 
@@ -132,7 +131,7 @@ def test_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path, fake: T
     live.bind(str(sock))
     live.listen()
     try:
-        r = cli(*generate_args(p, tmp_path / "out", fake.url), *FAST, "--control-socket", str(sock))
+        r = gen(p, tmp_path / "out", fake.url, extra=("--control-socket", str(sock)))
         assert r.returncode == 2, r.stderr
         assert f"control socket {sock}: another process is listening on it" in r.stderr
         assert sock.exists()  # left alone
@@ -140,13 +139,13 @@ def test_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path, fake: T
         live.close()
     # Now stale (nobody listens, the file stays, as after a SIGKILL): replaced; the job runs.
     assert sock.exists()
-    r = cli(*generate_args(p, tmp_path / "out", fake.url), *FAST, "--control-socket", str(sock))
+    r = gen(p, tmp_path / "out", fake.url, extra=("--control-socket", str(sock)))
     assert r.returncode == 0, r.stderr
     assert not sock.exists()
     assert len(read_records(tmp_path / "out")) == 20
     # Something that is not a socket is never replaced.
     sock.write_text("keep me")
-    r = cli(*generate_args(p, tmp_path / "out2", fake.url), *FAST, "--control-socket", str(sock))
+    r = gen(p, tmp_path / "out2", fake.url, extra=("--control-socket", str(sock)))
     assert r.returncode == 2 and "not a socket" in r.stderr
     assert sock.read_text() == "keep me"
 

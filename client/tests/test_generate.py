@@ -10,35 +10,21 @@ from pathlib import Path
 
 from fake_openai import Behaviour, answer_for
 from fleetkit import (
+    FAST_FAKE,
     ThreadedFakeServer,
     cli,
     client_env,
     free_port,
+    gen,
     generate_args,
     read_records,
     read_status,
     start_cli,
     stop_process,
+    verify,
     wait_for,
     write_prompts,
 )
-
-FAST = ["--backoff-base", "0.01", "--backoff-max", "0.05", "--progress", "log", "--status-interval", "0.2"]
-
-
-def gen(
-    prompts: Path, out: Path, *endpoints: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return cli(*generate_args(prompts, out, *endpoints), *FAST, *extra, env=env)
-
-
-def verify(prompts: Path, *outs: Path) -> str:
-    args = ["verify", "--prompts", str(prompts)]
-    for o in outs:
-        args += ["--output", str(o)]
-    r = cli(*args)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
 
 
 def test_every_prompt_once_with_reasoning_and_resume_is_a_no_op(tmp_path: Path, fake: ThreadedFakeServer) -> None:
@@ -154,7 +140,7 @@ def test_concurrency_from_server_info_control_file_and_pause(tmp_path: Path) -> 
         assert s is not None
         p = write_prompts(tmp_path / "p.jsonl", 400)
         out = tmp_path / "out"
-        proc = start_cli(*generate_args(p, out, srv.url), *FAST, log=tmp_path / "log")
+        proc = start_cli(*generate_args(p, out, srv.url), *FAST_FAKE, log=tmp_path / "log")
         try:
             wait_for(
                 lambda: read_status(out).get("endpoints", {}).get(srv.url, {}).get("concurrency") == 3,
@@ -209,7 +195,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_zero(tmp_path: Path) -> 
         out = tmp_path / "out"
         proc = start_cli(
             *generate_args(p, out, srv.url),
-            *FAST,
+            *FAST_FAKE,
             "--drain-timeout",
             "30",
             log=tmp_path / "log",
@@ -227,7 +213,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_zero(tmp_path: Path) -> 
         srv.behaviour.delay = 5.0
         proc = start_cli(
             *generate_args(p, out, srv.url),
-            *FAST,
+            *FAST_FAKE,
             "--drain-timeout",
             "0.3",
             log=tmp_path / "log2",

@@ -13,6 +13,7 @@ import pytest
 from fake_openai import Behaviour
 from fleetkit import (
     AWS_ENV,
+    FAST_SIM,
     MotoServer,
     SimServer,
     TCPProxy,
@@ -24,6 +25,7 @@ from fleetkit import (
     read_status,
     start_cli,
     stop_process,
+    verify,
     wait_for,
     write_prompts,
 )
@@ -33,20 +35,7 @@ from sglang_fleet.ids import ShardSpec
 from sglang_fleet.s3sync import S3Sync, S3SyncError, expected_etag, part_plan
 from sglang_fleet.store import OutputStore
 
-FAST = [
-    "--backoff-base",
-    "0.05",
-    "--backoff-max",
-    "0.5",
-    "--progress",
-    "log",
-    "--status-interval",
-    "0.2",
-    "--max-tokens",
-    "12",
-    "--s3-sync-interval",
-    "0.2",
-]
+FAST = [*FAST_SIM, "--s3-sync-interval", "0.2"]
 
 
 def s3_args(moto_url: str, uri: str) -> list[str]:
@@ -221,8 +210,7 @@ def test_delete_local_after_verified_upload(tmp_path: Path, moto: MotoServer, sh
     assert len(list((out / ".state" / "index").glob("*.ids"))) == 3
     r = cli(*args)  # the ids of deleted shards still count as done
     assert r.returncode == 0 and "300 of 300 prompts already done" in r.stderr
-    v = cli("verify", "--prompts", str(p), "--output", str(out))
-    assert v.returncode == 0 and "deleted here after upload" in v.stdout
+    assert "deleted here after upload" in verify(p, out)
     assert verify_s3(p, moto, uri)["succeeded"] == 300
 
 
@@ -281,32 +269,29 @@ def test_a_new_host_adopts_what_s3_holds(tmp_path: Path, moto: MotoServer) -> No
         s = srv.server
         assert s is not None
         p = write_prompts(tmp_path / "p.jsonl", 200)
+
+        def host_shard(out: Path) -> str:
+            """Host shard 1/2 of the job, on a host whose output directory is ``out``; its log."""
+            r = cli(
+                *generate_args(p, out, srv.url),
+                "--shard-records",
+                "60",
+                "--shard",
+                "1/2",
+                *FAST,
+                *s3_args(moto.url, uri),
+            )
+            assert r.returncode == 0, r.stderr
+            return r.stderr
+
         first = tmp_path / "host-a"
-        r = cli(
-            *generate_args(p, first, srv.url),
-            "--shard-records",
-            "60",
-            "--shard",
-            "1/2",
-            *FAST,
-            *s3_args(moto.url, uri),
-        )
-        assert r.returncode == 0, r.stderr
+        host_shard(first)
         sent = s.requests
         write_prompts(p, 300)  # the job grows: 100 more prompts
         second = tmp_path / "host-b"
-        r = cli(
-            *generate_args(p, second, srv.url),
-            "--shard-records",
-            "60",
-            "--shard",
-            "1/2",
-            *FAST,
-            *s3_args(moto.url, uri),
-        )
-        assert r.returncode == 0, r.stderr
-        assert "adopted part-00001-of-00002-000000" in r.stderr
-        assert "merged 1 failure records" in r.stderr
+        log = host_shard(second)
+        assert "adopted part-00001-of-00002-000000" in log
+        assert "merged 1 failure records" in log
         new = {x["id"] for x in read_records(second)}
         assert new and not new & {x["id"] for x in read_records(first)}
         assert s.requests - sent == len(new)  # nothing done by host A was generated again

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from fleetkit import (
+    FAST_SIM,
     SimServer,
     Simulator,
     cli,
@@ -14,22 +15,10 @@ from fleetkit import (
     read_status,
     start_cli,
     stop_process,
+    verify,
     wait_for,
     write_prompts,
 )
-
-FAST = [
-    "--backoff-base",
-    "0.05",
-    "--backoff-max",
-    "0.5",
-    "--progress",
-    "log",
-    "--status-interval",
-    "0.2",
-    "--max-tokens",
-    "12",
-]
 
 
 def test_two_servers_reasoning_and_capacity_from_server_info(tmp_path: Path, shared_sim: list[SimServer]) -> None:
@@ -40,7 +29,7 @@ def test_two_servers_reasoning_and_capacity_from_server_info(tmp_path: Path, sha
         "--separate-reasoning",
         "--shard-records",
         "200",
-        *FAST,
+        *FAST_SIM,
     )
     assert r.returncode == 0, r.stderr
     recs = read_records(out)
@@ -54,8 +43,7 @@ def test_two_servers_reasoning_and_capacity_from_server_info(tmp_path: Path, sha
     # Same prompt and seed, same completion: the output is the server's, unaltered.
     same = [x["output"] for x in recs if x["id"] in {f"q{i}" for i in range(600) if i % 7 == 3}]
     assert len(same) > 50
-    v = cli("verify", "--prompts", str(p), "--output", str(out))
-    assert v.returncode == 0, v.stdout
+    verify(p, out)
 
 
 def test_server_killed_and_relaunched_mid_run(tmp_path: Path, simulator: Simulator) -> None:
@@ -64,7 +52,7 @@ def test_server_killed_and_relaunched_mid_run(tmp_path: Path, simulator: Simulat
     out = tmp_path / "out"
     client = start_cli(
         *generate_args(p, out, server.url),
-        *FAST,
+        *FAST_SIM,
         "--concurrency-factor",
         "1.0",
         log=tmp_path / "client.log",

@@ -22,6 +22,19 @@ def item(key: str, rate: float | None) -> dict[str, Any]:
     return {"host": host, "name": name, "stats": {"generation_rate": rate, "gen_throughput_mean": None}}
 
 
+LAYOUT = [
+    {"name": "gpu0", "gpus": [0], "port": 30000},
+    {"name": "gpu1", "gpus": [1], "port": 30001, "args": {"max_running_requests": 32}},
+    {"name": "gpu2", "gpus": [2], "port": 30002},
+]
+
+
+def args_after(key: str) -> dict[str, Any]:
+    """What the advisor's report gives each instance of the group: its own args with the proposal."""
+    own = next(e for e in LAYOUT if e["name"] == key.split("/")[1]).get("args") or {}
+    return {**own, **{k: v[1] for k, v in CHANGES.items()}}
+
+
 def report(rates: dict[str, float | None]) -> dict[str, Any]:
     return {
         "groups": [
@@ -43,14 +56,8 @@ def report(rates: dict[str, float | None]) -> dict[str, Any]:
                 },
             },
         ],
-        "instances": [item(k, v) for k, v in rates.items()],
-        "layouts": {
-            "b200-node": [
-                {"name": "gpu0", "gpus": [0], "port": 30000},
-                {"name": "gpu1", "gpus": [1], "port": 30001, "args": {"max_running_requests": 32}},
-                {"name": "gpu2", "gpus": [2], "port": 30002},
-            ]
-        },
+        "instances": [{**item(k, v), "args_after": args_after(k)} for k, v in rates.items()],
+        "layouts": {"b200-node": LAYOUT},
     }
 
 
@@ -144,6 +151,23 @@ def test_group_and_canary_choices() -> None:
     assert trial.choose_canary(trial.choose_group(rep), "b200-node/gpu2") == "b200-node/gpu2"
     with pytest.raises(trial.TrialError, match="not in the group"):
         trial.choose_canary(trial.choose_group(rep), "b200-node/gpu3")
+    # --canary alone: its own group.
+    assert trial.choose_group(rep, canary="b200-node/gpu1")["diagnosis"] == "mamba-bound"
+    with pytest.raises(trial.TrialError, match=r"the group of b200-node/gpu3 .* has no server settings to try"):
+        trial.choose_group(rep, canary="b200-node/gpu3")
+    with pytest.raises(trial.TrialError, match="--canary b200-node/gpu9: the report has no such instance"):
+        trial.choose_group(rep, canary="b200-node/gpu9")
+
+
+def test_the_canary_is_relaunched_with_the_args_the_report_gives_it() -> None:
+    rep = report(dict.fromkeys(GROUP, 1200.0))
+    extravars = trial.trial_extravars(rep, "b200-node/gpu1")
+    # gpu1's own max_running_requests stays; the proposal is added (the advisor's args_after).
+    assert extravars["sglang_server_instances"][1]["args"] == args_after("b200-node/gpu1")
+    assert extravars["sglang_server_instances"][1]["args"]["max_running_requests"] == 32
+    del rep["instances"][1]["args_after"]
+    with pytest.raises(trial.TrialError, match="no args with the proposal for b200-node/gpu1"):
+        trial.trial_extravars(rep, "b200-node/gpu1")
 
 
 def test_a_group_of_one_is_compared_with_the_canary_before() -> None:

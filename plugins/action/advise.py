@@ -22,7 +22,13 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor, _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import (
+    _advice_evidence,
+    _advice_patch,
+    _advice_report,
+    _advisor,
+    _prometheus,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
 
 display = Display()
@@ -129,7 +135,7 @@ class ActionModule(ActionBase):
             place = "host" if inst.get("container") is None else str(inst["container"])
             host_side = gpus_by_place.get(place) or {}
             observation = by_name.get(inst["name"]) or {"server_info_error": "no observation"}
-            evidence = _advisor.evidence_from_observation(
+            evidence = _advice_evidence.evidence_from_observation(
                 hostname,
                 inst,
                 observation,
@@ -218,17 +224,15 @@ def report(args: dict[str, Any]) -> dict[str, Any]:
         for key in ("window_s", "interval_s", "source"):
             if res.get(key) is not None:
                 meta.setdefault(key, res[key])
-    out_report = _advisor.fleet_report(advices, inventory, meta, host_problems)
-    # Each host's instances as sglang_server_instances entries (advise --trial's canary override).
-    out_report["layouts"] = {h: list(v.get("instances") or []) for h, v in inventory.items()}
+    out_report = _advice_report.fleet_report(advices, inventory, meta, host_problems)
     output = args.get("output")
-    patch_text = _advisor.patch_yaml(out_report)
+    patch_text = _advice_patch.patch_yaml(out_report)
     written = None
     if output:
         write_file(output, patch_text)
         written = output
     out_report["patch_path"] = written
-    text = _advisor.report_text(out_report, written)
+    text = _advice_report.report_text(out_report, written)
     return {
         "report": out_report,
         "text": text,

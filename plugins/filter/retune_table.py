@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import flag_changes
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_decide import flag_changes
 
 DOCUMENTATION = r"""
 name: retune_table

@@ -27,6 +27,10 @@ Vocabulary (every size is per GPU, i.e. per tensor-parallel rank, as the rank-0 
   (``--max-running-requests``) or ``"default"`` (SGLang's own: 48 with speculative decoding, else
   a request pool sized from the KV cache).
 
+What SGLang picks by default for a release and settings (``mem_fraction_static``, the Mamba
+strategy, slots per request) is :mod:`._capacity_defaults`; what the arithmetic reads (release,
+:class:`ModelFacts`, :class:`Settings`) is :mod:`._capacity_inputs`. This module sizes the pools.
+
 :func:`predict_effective_max_running_requests` is the one entry point for callers that ask
 "what will this instance run with these settings?"; :func:`plan_capacity` is the same.
 """
@@ -34,45 +38,31 @@ Vocabulary (every size is per GPU, i.e. per tensor-parallel rank, as the rank-0 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-GIB = float(1 << 30)
-
-# Speculative algorithms that reset an unset --max-running-requests to 48 (all releases).
-SPEC_RESETS_MRR = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "NGRAM"})
-SPEC_DEFAULT_MRR = 48
-# EAGLE-type algorithms: 0.5.9 turns the overlap scheduler off for them, and reserves 2 GiB more.
-SPEC_EAGLE = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
-# Architectures without Mamba radix-cache support: SGLang disables the radix cache for them.
-NO_MAMBA_RADIX = frozenset({"KimiLinearForCausalLM", "BailingMoeV2_5ForCausalLM"})
-# Architectures that reject the extra_buffer strategy.
-NO_EXTRA_BUFFER = frozenset(
-    {"NemotronHForCausalLM", "FalconH1ForCausalLM", "Lfm2ForCausalLM", "JetNemotronForCausalLM"}
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+    SPEC_DEFAULT_MRR,
+    SPEC_RESETS_MRR,
+    Strategy,
+    default_mem_fraction_static,
+    resolve_strategy,
 )
-STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import (
+    GIB,
+    ModelFacts,
+    Settings,
+    at_least,
+    release_tuple,
+)
 
 BINDINGS = ("mamba", "kv", "requested", "default")
 
 
 # ------------------------------------------------------------------------------------------------
-# Releases
+# Which sizing of the Mamba pool applies
 # ------------------------------------------------------------------------------------------------
-
-
-def release_tuple(release: str) -> tuple[int, int, int]:
-    """``"0.5.23"`` -> ``(0, 5, 23)``; ValueError for anything else."""
-    parts = str(release).strip().lstrip("v").split(".")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"unparsable SGLang release {release!r} (expected MAJOR.MINOR.PATCH)")
-    return int(parts[0]), int(parts[1]), int(parts[2])
-
-
-def at_least(release: str, patch: int) -> bool:
-    """``release`` is 0.5.``patch`` or later."""
-    return release_tuple(release) >= (0, 5, patch)
 
 
 def mamba_family(release: str) -> int:
@@ -81,303 +71,6 @@ def mamba_family(release: str) -> int:
     if at_least(release, 18):
         return 18
     return 14 if at_least(release, 14) else 9
-
-
-# ------------------------------------------------------------------------------------------------
-# Inputs
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What SGLang's memory math reads of a model, per GPU (tensor-parallel rank).
-
-    Derive them from a running instance (:mod:`._model_facts`), never from a hand table.
-    """
-
-    hybrid: bool
-    mamba_bytes_per_slot: float  # conv + ssm state of one Mamba slot; 0 if not hybrid
-    kv_bytes_per_token: float  # the KV cell: K and V of every full-attention layer
-    weights_gib: float  # weights loaded per rank (draft weights included)
-    context_length: int
-    overhead_gib: float = 0.5  # in use before the weights load (CUDA context, other processes)
-    architecture: str | None = None
-    mla: bool = False  # MLA attention: the prefill-graph reserve is 1536 MiB (0.5.14+)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The settings of one instance that the memory math reads (SGLang's names; None = unset,
-    SGLang's default applies)."""
-
-    mem_fraction_static: float | None = None
-    max_mamba_cache_size: int | None = None
-    mamba_full_memory_ratio: float | None = None
-    mamba_scheduler_strategy: str = "auto"  # 0.5.14+: --mamba-radix-cache-strategy
-    speculative_algorithm: str | None = None
-    speculative_num_draft_tokens: int | None = None
-    max_running_requests: int | None = None
-    disable_radix_cache: bool = False
-    disable_overlap_schedule: bool = False
-    page_size: int | None = None
-    tp_size: int = 1
-    pp_size: int = 1
-    dp_size: int = 1
-    enable_dp_attention: bool = False
-    max_total_tokens: int | None = None
-    chunked_prefill_size: int | None = None
-    max_prefill_tokens: int | None = None
-    cuda_graph_max_bs: int | None = None  # 0.5.14+: --cuda-graph-max-bs-decode
-    disable_cuda_graph: bool = False
-    cuda_graph_backend_decode: str | None = None
-    cuda_graph_backend_prefill: str | None = None
-    enable_piecewise_cuda_graph: bool = False
-    moe_a2a_backend: str | None = None
-    skip_decode_lock: bool = False  # env SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK (0.5.18+)
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
-        """From settings keyed by SGLang's names (inventory args, or ``/server_info``), any
-        release's spelling; keys that do not matter here are ignored."""
-
-        def first(*names: str) -> Any:
-            for name in names:
-                value = args.get(name)
-                if value is not None:
-                    return value
-            return None
-
-        def num(value: Any, kind: type) -> Any:
-            return None if value is None else kind(value)
-
-        attn_dp = first("attn_dp_size", "attention_data_parallel_size")
-        dp = int(first("dp_size", "data_parallel_size") or 1)
-        dp_attention = bool(args.get("enable_dp_attention")) or (attn_dp is not None and int(attn_dp) > 1)
-        if attn_dp is not None and int(attn_dp) > 1:
-            dp = int(attn_dp)
-        skip = str((env or {}).get("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "")).lower() in ("1", "true")
-        alg = first("speculative_algorithm")
-        return cls(
-            mem_fraction_static=num(first("mem_fraction_static"), float),
-            max_mamba_cache_size=num(first("max_mamba_cache_size"), int),
-            mamba_full_memory_ratio=num(first("mamba_full_memory_ratio"), float),
-            mamba_scheduler_strategy=str(first("mamba_radix_cache_strategy", "mamba_scheduler_strategy") or "auto"),
-            speculative_algorithm=str(alg).upper() if alg else None,
-            speculative_num_draft_tokens=num(first("speculative_num_draft_tokens"), int),
-            max_running_requests=num(first("max_running_requests"), int),
-            disable_radix_cache=bool(args.get("disable_radix_cache")),
-            disable_overlap_schedule=bool(args.get("disable_overlap_schedule")),
-            page_size=num(first("page_size"), int),
-            tp_size=int(first("tp_size", "tensor_parallel_size") or 1),
-            pp_size=int(first("pp_size", "pipeline_parallel_size") or 1),
-            dp_size=dp,
-            enable_dp_attention=dp_attention,
-            max_total_tokens=num(first("max_total_tokens"), int),
-            chunked_prefill_size=num(first("chunked_prefill_size"), int),
-            max_prefill_tokens=num(first("max_prefill_tokens"), int),
-            cuda_graph_max_bs=num(first("cuda_graph_max_bs_decode", "cuda_graph_max_bs"), int),
-            disable_cuda_graph=bool(args.get("disable_cuda_graph")),
-            cuda_graph_backend_decode=first("cuda_graph_backend_decode"),
-            cuda_graph_backend_prefill=first("cuda_graph_backend_prefill"),
-            enable_piecewise_cuda_graph=bool(args.get("enable_piecewise_cuda_graph")),
-            moe_a2a_backend=first("moe_a2a_backend"),
-            skip_decode_lock=skip,
-        )
-
-    def with_changes(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
-
-    @property
-    def spec(self) -> bool:
-        return self.speculative_algorithm is not None
-
-    def draft_tokens(self) -> int:
-        """``D``: with speculative decoding and no value, SGLang's default (12 for NGRAM, else 4:
-        3 steps, top-k 1, steps + 1 draft tokens)."""
-        if not self.spec:
-            return 0
-        if self.speculative_num_draft_tokens is not None:
-            return int(self.speculative_num_draft_tokens)
-        return 12 if self.speculative_algorithm == "NGRAM" else 4
-
-    def attn_dp(self) -> int:
-        """The DP size the Mamba pool and the request pool are split by (DP attention only)."""
-        return max(1, self.dp_size) if self.enable_dp_attention else 1
-
-
-# ------------------------------------------------------------------------------------------------
-# 6.1: auto chunked_prefill_size, decode CUDA-graph max bs, mem_fraction_static
-# ------------------------------------------------------------------------------------------------
-
-
-def auto_chunked_prefill_size(release: str, gpu_total_mib: float) -> int:
-    """SGLang's default ``chunked_prefill_size`` for the smallest GPU's memory.total (MiB)."""
-    g = gpu_total_mib
-    if g < 20480:
-        return 2048
-    if g < 35840:
-        return 4096 if at_least(release, 20) else 2048
-    if g < 61440:
-        return 4096
-    if g < 163840:
-        return 8192
-    return 16384
-
-
-def auto_decode_max_bs(release: str, gpu_total_mib: float, tp_size: int = 1) -> int:
-    """SGLang's default decode CUDA-graph max batch size (``cuda_graph_max_bs``)."""
-    g, wide = gpu_total_mib, tp_size >= 4
-    if g < 20480:
-        return 8
-    if g < 35840:
-        if at_least(release, 20):
-            return 160 if wide else 48
-        return 80 if wide else 24
-    if g < 61440:
-        return 160 if wide else 32
-    if g < 163840:
-        return 512 if wide else 256
-    return 512
-
-
-def prefill_graph_sizes(max_tokens: int) -> list[int]:
-    """The prefill (piecewise) CUDA-graph token sizes up to ``max_tokens``: 58 for 8192 tokens
-    and 74 for 16384, the counts behind the reference's 464 and 592 MiB."""
-    sizes = [
-        *range(4, 33, 4),
-        *range(48, 257, 16),
-        *range(288, 513, 32),
-        *range(576, 1025, 64),
-        *range(1280, 4097, 256),
-        *range(4608, max_tokens + 1, 512),
-    ]
-    return [s for s in sizes if s <= max_tokens]
-
-
-def reserved_mib(release: str, gpu_total_mib: float, settings: Settings, mla: bool = False) -> float:
-    """The MiB SGLang keeps out of the static pools when it picks ``mem_fraction_static``."""
-    v14 = at_least(release, 14)
-    chunk = settings.chunked_prefill_size
-    if chunk is None:
-        chunk = auto_chunked_prefill_size(release, gpu_total_mib)
-    top_prefill = chunk if chunk > 0 else (settings.max_prefill_tokens or 16384)
-    activations = max(top_prefill, 2048) * 1.5
-    max_bs = settings.cuda_graph_max_bs
-    if max_bs is None:
-        max_bs = auto_decode_max_bs(release, gpu_total_mib, settings.tp_size)
-        mrr = settings.max_running_requests
-        if at_least(release, 22) and mrr is not None and mrr < max_bs:
-            max_bs = mrr
-    reserved = 512 + activations + settings.tp_size * settings.pp_size / 8 * 1024
-    if v14:
-        decode_graph = not (settings.disable_cuda_graph or settings.cuda_graph_backend_decode == "disabled")
-        prefill_graph = not (settings.disable_cuda_graph or settings.cuda_graph_backend_prefill == "disabled")
-        if decode_graph:
-            reserved += max_bs * 2
-        if prefill_graph:
-            if mla:
-                reserved += 1536
-            else:
-                top = chunk if chunk > 0 else 8192
-                if settings.max_total_tokens is not None:
-                    top = min(top, settings.max_total_tokens)
-                reserved += len(prefill_graph_sizes(top)) * 8
-    else:
-        reserved += max_bs * 2
-        if settings.enable_piecewise_cuda_graph and not settings.disable_cuda_graph:
-            reserved += len(prefill_graph_sizes(chunk if chunk > 0 else 8192)) * 8
-    if settings.enable_dp_attention and settings.dp_size > 1:
-        reserved += max_bs * settings.dp_size * 3
-        if max_bs > 300:
-            reserved += max_bs * settings.dp_size * 1.5
-    if gpu_total_mib > 61440:
-        reserved = max(reserved, 10240)
-    if not v14 and settings.speculative_algorithm is not None:
-        if settings.speculative_algorithm == "STANDALONE":
-            reserved += 6144
-        elif settings.speculative_algorithm in SPEC_EAGLE:
-            reserved += 2048
-    if at_least(release, 18) and settings.moe_a2a_backend == "deepep":
-        reserved += 2048
-    return reserved
-
-
-def default_mem_fraction_static(
-    release: str, gpu_total_mib: float, settings: Settings | None = None, mla: bool = False
-) -> float:
-    """``mem_fraction_static`` when the flag is unset: ``round((G - reserved) / G, 3)``."""
-    settings = settings or Settings()
-    reserved = reserved_mib(release, gpu_total_mib, settings, mla)
-    return round((gpu_total_mib - reserved) / gpu_total_mib, 3)
-
-
-# ------------------------------------------------------------------------------------------------
-# 6.3: strategy and slots per request
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How SGLang resolves the Mamba strategy for these settings."""
-
-    strategy: str  # no_buffer, extra_buffer or extra_buffer_lazy
-    radix_cache: bool  # False: one slot per request
-    overlap: bool  # the overlap scheduler stays on
-    ratio: int  # Mamba slots per running request
-    notes: tuple[str, ...] = ()
-    error: str | None = None
-
-
-def resolve_strategy(release: str, settings: Settings, architecture: str | None = None) -> Strategy:
-    """Strategy resolution (``auto``), what it switches off, and the slots per request."""
-    notes: list[str] = []
-    strategy = settings.mamba_scheduler_strategy or "auto"
-    radix = not settings.disable_radix_cache
-    overlap = not settings.disable_overlap_schedule
-    error = None
-    if architecture in NO_MAMBA_RADIX and radix:
-        radix = False
-        notes.append(f"{architecture} has no Mamba radix-cache support: the radix cache is disabled")
-    if strategy == "extra_buffer_lazy" and not at_least(release, 13):
-        error = f"mamba strategy extra_buffer_lazy is not in SGLang {release} (0.5.13+)"
-    if not at_least(release, 14):
-        if settings.speculative_algorithm in SPEC_EAGLE and overlap:
-            overlap = False
-            notes.append("speculative decoding (EAGLE family) turns the overlap scheduler off on this release")
-        if strategy == "auto":
-            strategy = "no_buffer"
-        if strategy == "extra_buffer" and architecture in NO_EXTRA_BUFFER:
-            error = f"{architecture} rejects the mamba strategy extra_buffer"
-        if strategy == "no_buffer" and radix:
-            if settings.spec:
-                radix = False
-                notes.append("no_buffer with speculative decoding disables the radix cache (1 slot per request)")
-            elif overlap:
-                overlap = False
-                notes.append("no_buffer turns the overlap scheduler off")
-    else:
-        page = settings.page_size or 1
-        if strategy == "auto":
-            supports = architecture not in NO_EXTRA_BUFFER
-            strategy = "extra_buffer" if (overlap or page > 1) and supports else "no_buffer"
-        elif strategy == "extra_buffer" and architecture in NO_EXTRA_BUFFER:
-            error = f"{architecture} rejects the mamba strategy extra_buffer"
-        if strategy == "no_buffer" and radix and overlap:
-            overlap = False
-            notes.append("no_buffer turns the overlap scheduler off")
-    if not radix:
-        ratio = 1
-    else:
-        base = 3
-        if at_least(release, 18) and settings.skip_decode_lock and strategy != "no_buffer":
-            base = 2
-        extra = 0
-        if strategy == "extra_buffer":
-            extra = 2 if overlap else 1
-        elif strategy == "extra_buffer_lazy":
-            extra = 1
-        ratio = base + extra
-    return Strategy(strategy, radix, overlap, ratio, tuple(notes), error)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ GUIDE = REPO / "docs" / "operator-guide.md"
 # modules and actions, the start guard, and retune.yml itself.
 SOURCES = [
     REPO / "plugins" / "plugin_utils" / "_retune.py",
+    REPO / "plugins" / "plugin_utils" / "_retune_decide.py",
+    REPO / "plugins" / "plugin_utils" / "_retune_record.py",
     REPO / "plugins" / "plugin_utils" / "_retune_clients.py",
     REPO / "roles" / "retune" / "tasks" / "validate.yml",
     REPO / "plugins" / "module_utils" / "_host_lock.py",

@@ -23,10 +23,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: i
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:

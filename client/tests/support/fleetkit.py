@@ -84,6 +84,42 @@ def start_cli(*args: str, env: dict[str, str] | None = None, log: Path | None = 
     )
 
 
+# Options of `generate` that keep a test's run short: quick retries, progress as log lines, and a
+# status file rewritten often enough to poll. FAST_FAKE: against the in-test fake server, which
+# answers in milliseconds; FAST_SIM: against the SGLang simulator (real server processes, so slower
+# retries), with short completions.
+FAST_FAKE = ("--backoff-base", "0.01", "--backoff-max", "0.05", "--progress", "log", "--status-interval", "0.2")
+FAST_SIM = (
+    "--backoff-base",
+    "0.05",
+    "--backoff-max",
+    "0.5",
+    "--progress",
+    "log",
+    "--status-interval",
+    "0.2",
+    "--max-tokens",
+    "12",
+)
+
+
+def gen(
+    prompts: Path, out: Path, *endpoints: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A whole `generate` run against fake servers (``FAST_FAKE``), ``extra`` options added."""
+    return cli(*generate_args(prompts, out, *endpoints), *FAST_FAKE, *extra, env=env)
+
+
+def verify(prompts: Path, *outs: Path) -> str:
+    """`verify` of local output directories, which must pass; returns its report."""
+    args = ["verify", "--prompts", str(prompts)]
+    for o in outs:
+        args += ["--output", str(o)]
+    r = cli(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def write_prompts(path: Path, n: int, *, start: int = 0, repeat_text: bool = True) -> Path:
     """Mixed prompts: chat and plain, explicit ids, and a block of identical texts with distinct ids
     (repeated prompts are legitimate and must each get their own completion)."""

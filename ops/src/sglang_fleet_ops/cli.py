@@ -69,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="--trial: the group to try (1-based, report order; default: the first with server settings to change)",
     )
-    p.add_argument("--canary", help="--trial: the canary, host/instance (default: the group's first)")
+    p.add_argument(
+        "--canary",
+        help="--trial: the canary, host/instance (default: the group's first; alone, it names the group too)",
+    )
     p.add_argument(
         "--threshold",
         type=float,

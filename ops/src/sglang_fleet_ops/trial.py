@@ -37,18 +37,23 @@ class TrialError(Exception):
     pass
 
 
-def choose_group(report: Mapping[str, Any], group: int | None = None) -> dict[str, Any]:
-    """The group tried: ``group`` (1-based, in the report's order), else the first whose proposal
-    changes server settings."""
+def choose_group(report: Mapping[str, Any], group: int | None = None, canary: str | None = None) -> dict[str, Any]:
+    """The group tried: ``group`` (1-based, in the report's order), else the canary's group, else
+    the first whose proposal changes server settings."""
     groups = [dict(g) for g in report.get("groups") or []]
+    chosen: dict[str, Any] | None = None
     if group is not None:
         if not 1 <= group <= len(groups):
             raise TrialError(f"--group {group}: the report has {len(groups)} group(s)")
-        chosen = groups[group - 1]
+        chosen, what = groups[group - 1], f"group {group}"
+    elif canary is not None:
+        chosen = next((g for g in groups if canary in (g.get("instances") or [])), None)
+        if chosen is None:
+            raise TrialError(f"--canary {canary}: the report has no such instance")
+        what = f"the group of {canary}"
+    if chosen is not None:
         if not (chosen.get("proposal") or {}).get("changes"):
-            raise TrialError(
-                f"group {group} ({chosen.get('label')}, {chosen.get('diagnosis')}) has no server settings to try"
-            )
+            raise TrialError(f"{what} ({chosen.get('label')}, {chosen.get('diagnosis')}) has no server settings to try")
         return chosen
     for candidate in groups:
         if (candidate.get("proposal") or {}).get("changes"):
@@ -74,8 +79,10 @@ def choose_canary(group: Mapping[str, Any], canary: str | None = None) -> str:
     return members[0]
 
 
-def trial_extravars(report: Mapping[str, Any], canary: str, changes: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
-    """retune.yml's extra vars that relaunch the canary alone with the proposal as its own args."""
+def trial_extravars(report: Mapping[str, Any], canary: str) -> dict[str, Any]:
+    """retune.yml's extra vars that relaunch the canary alone with the proposal as its own args:
+    the host's ``sglang_server_instances`` as the report has them, the canary's ``args`` replaced
+    by its ``args_after`` (its args with the proposal, as the advisor's patch writes them)."""
     host, name = split_key(canary)
     layout = (report.get("layouts") or {}).get(host)
     if not layout:
@@ -84,13 +91,10 @@ def trial_extravars(report: Mapping[str, Any], canary: str, changes: Mapping[str
     found = [e for e in entries if str(e.get("name")) == name]
     if not found:
         raise TrialError(f"host {host} has no instance {name} in its layout")
-    args = dict(found[0].get("args") or {})
-    for key, (_old, new) in changes.items():
-        if new is None:
-            args.pop(key, None)
-        else:
-            args[key] = new
-    found[0]["args"] = args
+    after = _items(report).get(canary, {}).get("args_after")
+    if not isinstance(after, Mapping):
+        raise TrialError(f"the report has no args with the proposal for {canary}")
+    found[0]["args"] = dict(after)
     return {"sglang_server_instances": entries, "sglang_retune_only": [name]}
 
 
@@ -158,10 +162,10 @@ def run_trial(
         out["problems"] += list(first.get("problems") or []) or ["no advice"]
         return out
     try:
-        chosen = choose_group(report, group)
+        chosen = choose_group(report, group, canary)
         key = choose_canary(chosen, canary)
         changes = dict(chosen["proposal"]["changes"])
-        extravars = trial_extravars(report, key, changes)
+        extravars = trial_extravars(report, key)
     except TrialError as exc:
         out["problems"].append(str(exc))
         return out

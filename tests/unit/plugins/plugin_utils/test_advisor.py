@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_patch as advice_patch
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_report as advice_report
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
 from gpusim import memory, profiles
@@ -272,11 +274,11 @@ def test_the_b200_report_and_patch_for_the_fleet() -> None:
         for i in range(7)
     ]
     inventory = {"b200-node": {"sglang_server_host_args": dict(FIRST_TUNING), "instance_args": {}}}
-    report = advisor.fleet_report(advices, inventory, {"window_s": 300, "interval_s": 5})
+    report = advice_report.fleet_report(advices, inventory, {"window_s": 300, "interval_s": 5})
     assert report["diagnoses"] == {"mamba-bound": 7}
     (group,) = report["groups"]
     assert group["label"] == "b200-node/gpu0,gpu1,gpu2,gpu3,gpu4,gpu5,gpu6"
-    text = advisor.report_text(report, "advice/sglang-fleet-advice.yml")
+    text = advice_report.report_text(report, "advice/sglang-fleet-advice.yml")
     assert "b200-node/gpu0,gpu1,gpu2,gpu3,gpu4,gpu5,gpu6 (7 instances, SGLang 0.5.23): MAMBA-BOUND" in text
     assert "  why: sglang:num_running_reqs = 16 = effective max 16 for 100% of the window" in text
     assert "predicted: effective max running requests 16 -> " in text
@@ -284,7 +286,7 @@ def test_the_b200_report_and_patch_for_the_fleet() -> None:
         "patch: advice/sglang-fleet-advice.yml (review it, copy it into the inventory, then "
         "ansible-playbook retune.yml --check --diff)"
     )
-    patch_text = advisor.patch_yaml(report)
+    patch_text = advice_patch.patch_yaml(report)
     patch = yaml.safe_load(patch_text)
     host_args = patch["host_vars"]["b200-node"]["sglang_server_host_args"]
     changes = group["proposal"]["changes"]
@@ -325,12 +327,12 @@ def test_a_client_bound_instance_gets_client_concurrency_only() -> None:
     assert prop is not None and prop.changes == {}
     assert prop.client_changes == {"generation_concurrency": "auto", "generation_concurrency_factor": 1.25}
     assert prop.throughput_factor == pytest.approx(40 / 12)
-    report = advisor.fleet_report([advice.to_dict()], {})
+    report = advice_report.fleet_report([advice.to_dict()], {})
     assert report["patch"] == {
         "host_vars": {},
         "group_vars": {"generation": {"generation_concurrency": "auto", "generation_concurrency_factor": 1.25}},
     }
-    assert "generation_concurrency_factor: 1.25" in advisor.patch_yaml(report)
+    assert "generation_concurrency_factor: 1.25" in advice_patch.patch_yaml(report)
 
 
 def test_compute_bound_proposes_nothing() -> None:
@@ -419,27 +421,73 @@ def test_window_stats_read_like_a_dashboard() -> None:
     assert stats.demand_mean == pytest.approx((26 + 36 + 8) / 3)
 
 
-def test_a_host_whose_instances_disagree_gets_the_most_conservative_patch() -> None:
+def _two_instances(gpu1_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """gpu0 with the B200 run's proposal and gpu1 (its own args), on one host with its layout."""
     a = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, name="gpu0")).to_dict()
     b = json.loads(json.dumps(a))
     b["name"] = "gpu1"
-    b["proposal"]["changes"] = {"max_mamba_cache_size": [80, 120]}
-    b["proposal"]["effective_max_after"] = 24
-    inventory = {
-        "b200-node": {
-            "sglang_server_host_args": dict(FIRST_TUNING),
-            "instance_args": {"gpu1": {"max_mamba_cache_size": 90}},
-        }
+    layers = {
+        "sglang_server_host_args": dict(FIRST_TUNING),
+        "instance_args": {"gpu1": dict(gpu1_args)} if gpu1_args else {},
+        "instances": [
+            {"name": "gpu0", "gpus": [0], "port": 30000},
+            {"name": "gpu1", "gpus": [1], "port": 30001, **({"args": dict(gpu1_args)} if gpu1_args else {})},
+        ],
     }
-    patch, notes = advisor.build_patch([a, b], inventory)
-    assert patch["host_vars"]["b200-node"]["sglang_server_host_args"]["max_mamba_cache_size"] == 120
-    assert notes[0].startswith(
-        "b200-node: its instances got different proposals; the patch has the most conservative one (gpu1's)"
+    return a, b, {"b200-node": layers}
+
+
+def test_a_host_whose_instances_agree_gets_its_host_layer() -> None:
+    a, b, inventory = _two_instances({})
+    patch, notes = advice_patch.build_patch([a, b], inventory)
+    entry = patch["host_vars"]["b200-node"]
+    assert set(entry) - {"_changes", "_previous", "_why"} == {"sglang_server_host_args"}
+    assert entry["sglang_server_host_args"] == advice_patch.args_after(FIRST_TUNING, a["proposal"]["changes"])
+    assert notes == []
+
+
+def test_a_host_whose_instances_disagree_gets_each_proposal_in_its_own_args() -> None:
+    a, b, inventory = _two_instances({"reasoning_parser": "qwen3", "max_mamba_cache_size": 90})
+    b["proposal"]["changes"] = {"max_mamba_cache_size": [90, 120]}
+    report = advice_report.fleet_report([a, b], inventory)
+    (note,) = report["patch_notes"]
+    assert note == (
+        "b200-node: its instances got different proposals; gpu1 sets a changed key in its own args: the patch sets "
+        "each proposal in its instance's own args (sglang_server_instances, the whole list)"
     )
-    assert notes[1] == (
-        "b200-node: instance gpu1 sets max_mamba_cache_size in sglang_server_instances, which wins over "
-        "sglang_server_host_args: change it there"
-    )
+    text = advice_patch.patch_yaml(report)
+    written = yaml.safe_load(text)["host_vars"]["b200-node"]
+    # Exactly the host's variable, nothing of the annotations: the block is the host's file.
+    assert written == {
+        "sglang_server_instances": [
+            {"name": "gpu0", "gpus": [0], "port": 30000, "args": advice_patch.args_after({}, a["proposal"]["changes"])},
+            {
+                "name": "gpu1",
+                "gpus": [1],
+                "port": 30001,
+                "args": {"reasoning_parser": "qwen3", "max_mamba_cache_size": 120},
+            },
+        ]
+    }
+    assert "          max_mamba_cache_size: 120  # was 90" in text
+    slots = a["proposal"]["changes"]["max_mamba_cache_size"][1]
+    assert f"          max_mamba_cache_size: {slots}  # added; the server ran 80" in text
+    # advise --trial relaunches a canary with its own args after the proposal.
+    assert [i.get("args_after") for i in report["instances"]] == [w["args"] for w in written["sglang_server_instances"]]
+
+
+def test_an_instance_without_a_proposal_keeps_its_settings() -> None:
+    a, b, inventory = _two_instances({})
+    b["proposal"] = None
+    patch, notes = advice_patch.build_patch([a, b], inventory)
+    entries = patch["host_vars"]["b200-node"]["sglang_server_instances"]
+    assert entries[1] == {"name": "gpu1", "gpus": [1], "port": 30001}
+    assert entries[0]["args"] == advice_patch.args_after({}, a["proposal"]["changes"])
+    assert notes[0].startswith("b200-node: gpu1 got none: the patch sets each proposal in its instance's own args")
+
+
+def test_args_after_removes_a_setting_set_back_to_sglangs_default() -> None:
+    assert advice_patch.args_after({"a": 1, "b": 2}, {"a": [1, None], "c": [None, 3]}) == {"b": 2, "c": 3}
 
 
 def test_with_the_clients_sending_40_the_real_retune_comes_first() -> None:

@@ -1,4 +1,4 @@
-"""SGLang's memory arithmetic (plugin_utils/_capacity.py) against the worked examples of the
+"""SGLang's memory arithmetic (plugin_utils/_capacity*.py) against the worked examples of the
 reference (SGLang's memory math, §6 of the SGLang reference the collection was written from,
 copied here), and against the simulator's own implementation (tests/doubles/gpusim memory.py) on
 its model profiles. Only this test imports the simulator; the product never does."""
@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import (
-    GIB,
-    ModelFacts,
-    Settings,
-    auto_chunked_prefill_size,
-    auto_decode_max_bs,
-    default_mem_fraction_static,
     mamba_family,
     plan_capacity,
     predict_effective_max_running_requests,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import (
+    auto_chunked_prefill_size,
+    auto_decode_max_bs,
+    default_mem_fraction_static,
     prefill_graph_sizes,
     reserved_mib,
     resolve_strategy,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, ModelFacts, Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import supported_versions
 from gpusim import memory, profiles
 from gpusim.resolve import Resolved, _resolve_mamba

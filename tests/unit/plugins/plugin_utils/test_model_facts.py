@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import GIB, Settings, plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import (
     JOURNAL_PATTERN,
     KVCacheLine,

@@ -1,0 +1,104 @@
+"""The advisor's window: what an instance's metrics samples say (running, queued, usage,
+throughput), in the metrics' own names and units. Pure functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _series(samples: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [float(s[key]) for s in samples if isinstance(s.get(key), (int, float))]
+
+
+@dataclass
+class WindowStats:
+    """What the samples of the window say, in the metrics' own names and units."""
+
+    samples: int = 0
+    duration_s: float = 0.0
+    running_mean: float | None = None
+    running_max: float | None = None
+    pinned_fraction: float | None = None  # share of samples at the effective max (see Policy)
+    refill_fraction: float | None = None  # of those, the share below it with the queue refilling
+    queue_mean: float | None = None
+    queue_max: float | None = None
+    token_usage_mean: float | None = None
+    token_usage_p90: float | None = None
+    mamba_usage_mean: float | None = None
+    gen_throughput_mean: float | None = None
+    generation_rate: float | None = None  # sglang:generation_tokens_total per second
+    tokens_per_request_p90: float | None = None  # KV tokens in use per running request
+    demand_mean: float | None = None  # running + queued
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def window_stats(samples: Sequence[Mapping[str, Any]], effective_max: int | None, kv_tokens: int | None) -> WindowStats:
+    stats = WindowStats(samples=len(samples))
+    if not samples:
+        return stats
+    times = _series(samples, "t")
+    stats.duration_s = (max(times) - min(times)) if times else 0.0
+    running = _series(samples, "num_running_reqs")
+    queue = _series(samples, "num_queue_reqs")
+    stats.running_mean, stats.running_max = _mean(running), (max(running) if running else None)
+    stats.queue_mean, stats.queue_max = _mean(queue), (max(queue) if queue else None)
+    if running and effective_max:
+        # SGLang's running gauge dips between a request's end and the next batch's admission from
+        # the queue: a server with requests waiting for those slots is at its max all the same.
+        at_max = refilling = 0
+        for s in samples:
+            run, queued = s.get("num_running_reqs"), s.get("num_queue_reqs") or 0
+            if not isinstance(run, (int, float)):
+                continue
+            if run >= effective_max:
+                at_max += 1
+            elif queued > 0 and run + queued >= effective_max:
+                refilling += 1
+        stats.pinned_fraction = (at_max + refilling) / len(running)
+        stats.refill_fraction = refilling / len(running)
+    usage_key = "token_usage" if _series(samples, "token_usage") else "full_token_usage"
+    usage = _series(samples, usage_key)
+    stats.token_usage_mean, stats.token_usage_p90 = _mean(usage), _quantile(usage, 0.9)
+    stats.mamba_usage_mean = _mean(_series(samples, "mamba_usage"))
+    stats.gen_throughput_mean = _mean(_series(samples, "gen_throughput"))
+    total = [(float(s["t"]), float(s["generation_tokens_total"])) for s in samples if "generation_tokens_total" in s]
+    if len(total) >= 2 and total[-1][0] > total[0][0]:
+        # A counter that went down was reset (a restart): count from zero again.
+        produced = sum(b[1] - a[1] if b[1] >= a[1] else b[1] for a, b in itertools.pairwise(total))
+        stats.generation_rate = produced / (total[-1][0] - total[0][0])
+    per_request = []
+    for s in samples:
+        run = s.get("num_running_reqs")
+        if not isinstance(run, (int, float)) or run <= 0:
+            continue
+        used = s.get("num_used_tokens")
+        if not isinstance(used, (int, float)):
+            share = s.get("token_usage", s.get("full_token_usage"))
+            cap = s.get("max_total_num_tokens") or kv_tokens
+            used = share * cap if isinstance(share, (int, float)) and cap else None
+        if isinstance(used, (int, float)):
+            per_request.append(float(used) / float(run))
+    stats.tokens_per_request_p90 = _quantile(per_request, 0.9)
+    if running and queue and len(running) == len(queue):
+        stats.demand_mean = _mean([r + q for r, q in zip(running, queue, strict=True)])
+    elif running:
+        stats.demand_mean = stats.running_mean
+    return stats
