@@ -23,8 +23,10 @@ Printed, for each run:
   client's own count against the records): must be 0;
 - saturation: of the samples of each server's gauges (running and queued requests, /metrics)
   against its effective max running requests (/server_info), before and after the drain run's
-  capacity change, the share at the max, and the share with running + queued at least the max
-  (every slot a finished request frees has a request waiting); goal >= 98%.
+  capacity change, the share at the max by the advisor's rule (``window_stats``'s
+  ``pinned_fraction``: running at the max, or just below it with running + queued at least the max,
+  every slot a finished request frees having a request waiting), and of all samples the share just
+  below it with the queue refilling (``refill_fraction``); goal >= 98% at the max.
 
 Writes ``timeline.csv`` (completions per second over time, both runs aligned on their start) and
 ``timeline.png`` (both runs) to ``--out``. A benchmark: it prints figures; it exits non-zero only
@@ -57,6 +59,11 @@ import matplotlib.pyplot as plt
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench/, for the helpers the benchmarks share
 from _playbook import BIN, REPO, playbook  # noqa: E402
+
+# The collection (collections/ansible_collections/sglang_ops/fleet links to the repository root, as
+# for the unit tests), for the advisor's rule of a server at its effective max.
+sys.path.insert(0, str(REPO / "collections"))
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import window_stats  # noqa: E402
 
 HOSTS = ["sglang-cap-0", "sglang-cap-1"]
 GPUS = 4
@@ -272,22 +279,28 @@ def untouched_ratios(
 
 
 def saturation(samples: dict[str, Path], a: float, b: float) -> tuple[float, float, int]:
-    """Of the samples of the servers' gauges in [a, b]: the share with the running requests at the
-    effective max, and the share with running + queued at least that (every slot a finished request
-    freed has a request waiting for the server's next step)."""
-    running_at, work_at, total = 0, 0, 0
-    for path in samples.values():
+    """Of the samples of the servers' gauges in [a, b], by the advisor's rule (window_stats, over the
+    samples of each server at each effective max it reported): the share at the effective max
+    (pinned_fraction: running at the max, or below it with running + queued at least the max), the
+    share below it with the queue refilling (refill_fraction), and the number of samples."""
+    series: dict[tuple[str, str, int], list[dict[str, float]]] = collections.defaultdict(list)
+    for host, path in samples.items():
         with path.open() as f:
             for row in csv.reader(f):
-                t, _port, running, queued, cap = row
+                t, port, running, queued, cap = row
                 if not (a <= float(t) < b) or not running or not cap or not queued:
                     continue
-                total += 1
-                running_at += float(running) >= float(cap)
-                work_at += float(running) + float(queued) >= float(cap)
+                sample = {"t": float(t), "num_running_reqs": float(running), "num_queue_reqs": float(queued)}
+                series[host, port, int(float(cap))].append(sample)
+    pinned = refilling = total = 0
+    for (_host, _port, cap), rows in series.items():
+        stats = window_stats(rows, cap, None)
+        total += len(rows)
+        pinned += round((stats.pinned_fraction or 0.0) * len(rows))
+        refilling += round((stats.refill_fraction or 0.0) * len(rows))
     if not total:
         return float("nan"), float("nan"), 0
-    return running_at / total, work_at / total, total
+    return pinned / total, refilling / total, total
 
 
 # --------------------------------------------------------------------------------- main
@@ -402,8 +415,8 @@ def report(out: Path, dirs, drain, stop, t_before, verify, statuses) -> int:
     sat_after = saturation(samples, drain["end"] + 5, stop["start"])
     for label, sat in (("before the retune", sat_before), ("after the drain run's capacity change", sat_after)):
         print(
-            f"saturation {label}: running = effective max in {sat[0]:.3f} of {sat[2]} samples,"
-            f" running + queued >= effective max in {sat[1]:.3f}"
+            f"saturation {label}, by the advisor's rule (window_stats): at the effective max in {sat[0]:.3f}"
+            f" of {sat[2]} samples ({sat[1]:.3f} of the {sat[2]} just below it, the queue refilling)"
         )
     timeline(out, records, drain, stop)
     print(f"\nwrote {out / 'timeline.csv'} and {out / 'timeline.png'}")

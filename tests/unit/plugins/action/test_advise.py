@@ -14,6 +14,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.playbook.play_context import PlayContext
 from ansible.template import Templar
+from simulated_instance import B200, MTP_AND_80_SLOTS, SIM_B200_JOURNAL
 
 from ansible_collections.sglang_ops.fleet.plugins.action import advise as advise_action
 from ansible_collections.sglang_ops.fleet.plugins.action.advise import ARGUMENT_SPEC, ActionModule
@@ -22,15 +23,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
 
 # inventories/demo/first_tuning.yml: the 7 x B200 run before its retune.
-HOST_ARGS = {
-    "speculative_algorithm": "EAGLE",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-    "max_mamba_cache_size": 80,
-    "mamba_full_memory_ratio": 0.4,
-    "reasoning_parser": "qwen3",
-}
+HOST_ARGS = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3"}
 HOSTVARS = {
     "sglang_server_version": "0.5.23",
     "sglang_server_model_path": "Qwen/Qwen3.6-27B",
@@ -38,17 +31,9 @@ HOSTVARS = {
     "sglang_server_args": {"enable_metrics": True},
     "sglang_server_host_args": HOST_ARGS,
 }
-# What the simulator prints and serves for it (see tests/unit/plugins/plugin_utils/test_model_facts.py).
-JOURNAL = [
-    "[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type=Qwen3_5ForCausalLM, avail mem=125.91 GB, "
-    "mem usage=52.65 GB.",
-    "[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.81GB, "
-    "ssm_state size: 20.25GB intermediate_ssm_state_cache size: 17.00GB intermediate_conv_window_cache size: 0.68GB ",
-    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 30.51 GB, "
-    "V size: 30.51 GB",
-    "[2026-01-05 10:00:04] max_total_num_tokens=941074, chunked_prefill_size=16384, max_prefill_tokens=16384, "
-    "max_running_requests=16, context_len=262144, available_gpu_mem=178.56 GB",
-]
+# What the simulator prints and serves for it (simulated_instance): its startup lines from the
+# weights loaded on, without the cap warning.
+JOURNAL = [line for line in SIM_B200_JOURNAL[1:] if "is capped to" not in line]
 SERVER_INFO = {
     **HOST_ARGS,
     "enable_metrics": True,
@@ -92,7 +77,7 @@ def observed(with_samples: bool = True) -> dict[str, Any]:
         },
         "containers": {
             "host": {
-                "gpus": {"0": {"total_mib": 183359, "used_mib_min": 150000, "used_mib_max": 158989, "samples": 13}},
+                "gpus": {"0": {"total_mib": B200, "used_mib_min": 150000, "used_mib_max": 158989, "samples": 13}},
                 "gpu_error": None,
                 "window_s": 60.0,
             }

@@ -1,7 +1,7 @@
 """The tuning advisor (plugin_utils/_advisor.py): the diagnoses on synthetic observations, the
 7 x B200 case of the real generation run, and every proposal checked against the simulator's
-memory math (tests/doubles/gpusim memory.py: the proposed settings start and give the predicted
-effective max running requests). Only this test imports the simulator."""
+memory math (tests/doubles/gpusim memory.py, through tests/unit/plugins/support/simulated_instance.py:
+the proposed settings start and give the predicted effective max running requests)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,14 @@ from typing import Any
 
 import pytest
 import yaml
+from simulated_instance import B200, FIRST_TUNING, H200, simulate
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_patch as advice_patch
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_report as advice_report
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
-from gpusim import memory, profiles
-from gpusim.resolve import Resolved, _resolve_mamba
-from gpusim.versions import Version
 
-B200, H200 = 183359, 143771
-
-# The 7 x B200 run's first tuning (inventories/demo/first_tuning.yml; the seeds' write-up of the
-# real run: MTP, 80 Mamba slots, extra_buffer by default, capped at 16 running requests, a full
-# queue, the KV cache 2-3% used and ~27 GB per GPU idle).
-FIRST_TUNING = {
-    "speculative_algorithm": "EAGLE",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-    "max_mamba_cache_size": 80,
-    "mamba_full_memory_ratio": 0.4,
-    "reasoning_parser": "qwen3",
-    "enable_metrics": True,
-}
+# FIRST_TUNING (simulated_instance): the 7 x B200 run's first tuning.
 # inventories/example/host_vars/b200-node.yml: the retune the run made.
 RETUNED = {
     **FIRST_TUNING,
@@ -43,93 +27,6 @@ RETUNED = {
     "mem_fraction_static": 0.93,
     "max_running_requests": 64,
 }
-
-
-def simulate(
-    args: dict[str, Any],
-    mem_fraction_static: float,
-    release: str = "0.5.23",
-    profile: str = "qwen3.6-27b",
-    gpu: int = B200,
-) -> tuple[list[str], dict[str, Any], memory.MemoryPlan, int]:
-    """What the simulator prints (worker.py's startup lines) and serves (api.py's /server_info) for
-    these settings, its memory plan and its GPU's memory.used (MiB)."""
-    prof = profiles.get_builtin(profile)
-    assert prof is not None
-    version = Version.of(release)
-    spec = args.get("speculative_algorithm") is not None
-    a = {"page_size": 1, **args}
-    mrr = a.get("max_running_requests") or (48 if spec else None)
-    if spec and not version.at_least(14):
-        a["disable_overlap_schedule"] = True
-    res = Resolved(args=a, spec=spec)
-    res.overlap = not a.get("disable_overlap_schedule")
-    if prof.is_hybrid:
-        _resolve_mamba(a, res, version, prof)
-    inp = memory.MemoryInputs(
-        version=version,
-        profile=prof,
-        total_mib=gpu,
-        others_mib=0,
-        gpu_index=0,
-        mem_fraction_static=mem_fraction_static,
-        spec=spec,
-        spec_mtp=spec and prof.mtp_capable,
-        draft_tokens=int(a.get("speculative_num_draft_tokens") or 4) if spec else 0,
-        max_running_requests=mrr,
-        max_mamba_cache_size=a.get("max_mamba_cache_size"),
-        mamba_full_memory_ratio=float(a.get("mamba_full_memory_ratio") or 0.9),
-        mamba_ratio=res.mamba_ratio,
-        disable_radix_cache=bool(a.get("disable_radix_cache")),
-        context_len=prof.context_length,
-    )
-    plan = memory.plan(inp)
-    assert memory.check_headroom(inp, plan) is None, "the activations and CUDA graphs would not fit"
-    journal = [
-        f"[2026-01-05 10:00:00] Load weight begin. avail mem={plan.avail_start_gib:.2f} GB",
-        f"[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type={prof.architectures[0]}, "
-        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB.",
-    ]
-    if plan.mamba_k is not None:
-        line = (
-            f"[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
-            f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
-        )
-        if spec:
-            line += (
-                f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
-                f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
-            )
-        journal.append(line)
-    journal += [
-        f"[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.kv_tokens}, "
-        f"K size: {plan.k_gib:.2f} GB, V size: {plan.v_gib:.2f} GB",
-        f"[2026-01-05 10:00:04] max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size=16384, "
-        f"max_prefill_tokens=16384, max_running_requests={plan.max_running}, context_len={prof.context_length}, "
-        f"available_gpu_mem={plan.avail_start_gib:.2f} GB",
-    ]
-    info = {
-        **{k: v for k, v in a.items() if not k.startswith("_")},
-        "mem_fraction_static": mem_fraction_static,
-        "max_running_requests": mrr,
-        "status": "ready",
-        "max_total_num_tokens": plan.kv_tokens,
-        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1),
-        "internal_states": [
-            {
-                "effective_max_running_requests_per_dp": plan.max_running,
-                "max_mamba_cache_size": plan.mamba_k,
-                "memory_usage": {
-                    "weight": round(plan.weights_gib, 3),
-                    "kvcache": round(plan.kv_gib + plan.mamba_gib, 3),
-                    "startup_available": round(plan.avail_start_gib, 3),
-                    "token_capacity": plan.kv_tokens,
-                },
-            }
-        ],
-        "version": release,
-    }
-    return journal, info, plan, plan.final_mib
 
 
 def samples(

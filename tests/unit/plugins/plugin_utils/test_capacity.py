@@ -1,7 +1,8 @@
 """SGLang's memory arithmetic (plugin_utils/_capacity*.py) against the worked examples of the
 reference (SGLang's memory math, §6 of the SGLang reference the collection was written from,
 copied here), and against the simulator's own implementation (tests/doubles/gpusim memory.py) on
-its model profiles. Only this test imports the simulator; the product never does."""
+its model profiles (simulated(): tests/unit/plugins/support/simulated_instance.py). Only tests import
+the simulator; the product never does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 import pytest
+from simulated_instance import B200, H200, RTX_PRO_6000, simulated
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import (
     mamba_family,
@@ -26,10 +28,6 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_default
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, ModelFacts, Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import supported_versions
 from gpusim import memory, profiles
-from gpusim.resolve import Resolved, _resolve_mamba
-from gpusim.versions import Version
-
-H200, B200, RTX_PRO_6000 = 143771, 183359, 97887
 
 # SGLang's memory math, §6.1 "Worked defaults with tp=1 and no spec ((G - reserved)/G)":
 #   GPU                  v9                                   v14 / v18 / v23 (prefill graph enabled)
@@ -296,39 +294,6 @@ def facts_of(profile: profiles.ModelProfile, inp: memory.MemoryInputs) -> ModelF
         overhead_gib=(profile.context_mib + inp.others_mib) / 1024.0,
         architecture=profile.architectures[0],
     )
-
-
-def simulated(release: str, profile_name: str, gpu: int, **kw: Any) -> tuple[memory.MemoryPlan, memory.MemoryInputs]:
-    profile = profiles.get_builtin(profile_name)
-    assert profile is not None
-    version = Version.of(release)
-    spec = kw.pop("spec", False)
-    mrr = kw.pop("max_running_requests", None)
-    args: dict[str, Any] = {"page_size": 1, **kw.pop("args", {})}
-    if spec and mrr is None:
-        mrr = 48
-    if spec and not version.at_least(14):
-        args["disable_overlap_schedule"] = True  # 0.5.9: EAGLE turns the overlap scheduler off
-    res = Resolved(args=args, spec=spec)
-    res.overlap = not args.get("disable_overlap_schedule")
-    if profile.is_hybrid:
-        _resolve_mamba(args, res, version, profile)
-    inp = memory.MemoryInputs(
-        version=version,
-        profile=profile,
-        total_mib=gpu,
-        others_mib=0,
-        gpu_index=0,
-        spec=spec,
-        spec_mtp=spec and profile.mtp_capable,
-        draft_tokens=4 if spec else 0,
-        max_running_requests=mrr,
-        mamba_ratio=res.mamba_ratio,
-        disable_radix_cache=bool(args.get("disable_radix_cache")),
-        context_len=profile.context_length,
-        **kw,
-    )
-    return memory.plan(inp), inp
 
 
 CROSS = [

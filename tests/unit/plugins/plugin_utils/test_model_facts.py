@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from simulated_instance import B200, SIM_B200_JOURNAL, SIM_B200_SERVER_INFO
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import plan_capacity
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, Settings
@@ -95,61 +96,13 @@ def test_every_reference_line_matches_the_journal_pattern() -> None:
     ]
 
 
-# What the simulator (tests/doubles/gpusim, worker.py and api.py, which follow the reference)
-# prints and serves for qwen3.6-27b on a B200 with SGLang 0.5.23, EAGLE (MTP, 4 draft tokens), 80
-# Mamba slots, mamba_full_memory_ratio 0.4 and SGLang's own mem_fraction_static: the demo's first
-# tuning, as the 7 x B200 run had it before its retune.
-SIM_B200_JOURNAL = [
-    "[2026-01-05 10:00:00] Load weight begin. avail mem=178.56 GB",
-    "[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type=Qwen3_5ForCausalLM, avail mem=125.91 GB, "
-    "mem usage=52.65 GB.",
-    "[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.81GB, "
-    "ssm_state size: 20.25GB intermediate_ssm_state_cache size: 17.00GB intermediate_conv_window_cache size: 0.68GB ",
-    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 30.51 GB, "
-    "V size: 30.51 GB",
-    "[2026-01-05 10:00:04] max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, "
-    "5 state slots per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or "
-    "halve the state size with --mamba-ssm-dtype bfloat16.",
-    "[2026-01-05 10:00:04] max_total_num_tokens=941074, chunked_prefill_size=16384, max_prefill_tokens=16384, "
-    "max_running_requests=16, context_len=262144, available_gpu_mem=178.56 GB",
-]
-SIM_B200_SERVER_INFO = {
-    "speculative_algorithm": "EAGLE",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-    "max_mamba_cache_size": 80,
-    "mamba_full_memory_ratio": 0.4,
-    "mamba_radix_cache_strategy": "auto",
-    "mem_fraction_static": 0.854,
-    "max_running_requests": 48,
-    "context_length": None,
-    "status": "ready",
-    "max_total_num_tokens": 941074,
-    "max_req_input_len": 262143,
-    "internal_states": [
-        {
-            "effective_max_running_requests_per_dp": 16,
-            "max_mamba_cache_size": 80,
-            "memory_usage": {
-                "weight": 52.65,
-                "kvcache": 99.769,
-                "startup_available": 178.562,
-                "token_capacity": 941074,
-                "token_capacity_swa": None,
-            },
-        }
-    ],
-    "version": "0.5.23",
-}
-B200_MIB = 183359
 # The simulator's qwen3.6-27b profile (profiles.py): conv 10737418 + ssm 268435456 bytes per slot;
 # KV 4 heads x (256 + 256) x (16 + 1 MTP) layers x 2 bytes; 51.8 + 0.85 GiB of weights.
 PER_SLOT, CELL = 10_737_418 + 268_435_456, 4 * 512 * 17 * 2
 
 
 def test_facts_of_the_b200_run_from_its_journal() -> None:
-    derived = derive_model_facts("0.5.23", SIM_B200_JOURNAL, SIM_B200_SERVER_INFO, B200_MIB)
+    derived = derive_model_facts("0.5.23", SIM_B200_JOURNAL, SIM_B200_SERVER_INFO, B200)
     assert derived.problems == []
     facts = derived.facts
     assert facts is not None and facts.hybrid
@@ -168,7 +121,7 @@ def test_facts_of_the_b200_run_from_its_journal() -> None:
     }
     # The arithmetic with these facts reproduces what the instance reports.
     settings = Settings.from_args({**SIM_B200_SERVER_INFO, "max_running_requests": None})
-    plan = plan_capacity("0.5.23", facts, B200_MIB, settings)
+    plan = plan_capacity("0.5.23", facts, B200, settings)
     assert (plan.mamba_k, plan.effective_max_running_requests, plan.binding) == (80, 16, "mamba")
     assert plan.kv_tokens == pytest.approx(941074, rel=1e-3)
 
@@ -200,7 +153,7 @@ def test_without_the_journal_a_plain_model_still_has_facts_from_server_info() ->
 
 def test_a_hybrid_model_needs_its_mamba_line() -> None:
     journal = [line for line in SIM_B200_JOURNAL if "Mamba Cache" not in line]
-    derived = derive_model_facts("0.5.23", journal, SIM_B200_SERVER_INFO, B200_MIB)
+    derived = derive_model_facts("0.5.23", journal, SIM_B200_SERVER_INFO, B200)
     assert derived.facts is None
     assert derived.problems == [
         "Mamba state per slot: the journal's 'Mamba Cache is allocated' line of the current run is missing "

@@ -1,32 +1,21 @@
 """retune.yml --check predicts the effective max running requests after a relaunch
 (plugin_utils/_retune_predict.py): the model facts of the running instance (its startup journal
 lines, read by the inspect phase in check mode, and /server_info) and SGLang's memory math. The
-instance's evidence is what the GPU simulator prints and serves (test_advisor.py's ``simulate``),
-so a prediction is checked against what the simulator would start with."""
+instance's evidence is what the GPU simulator prints and serves (``simulate`` of
+tests/unit/plugins/support/simulated_instance.py), so a prediction is checked against what the
+simulator would start with."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
+
+from simulated_instance import B200, FIRST_TUNING, simulate
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Options, Retune
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_predict import predict_after
 
-
-def _advisor_tests() -> Any:
-    path = Path(__file__).with_name("test_advisor.py")
-    spec = importlib.util.spec_from_file_location("_sglang_fleet_test_advisor", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T = _advisor_tests()
-B200 = T.B200
 NEW = {
-    **T.FIRST_TUNING,
+    **FIRST_TUNING,
     "max_mamba_cache_size": 156,
     "mem_fraction_static": 0.93,
     "max_running_requests": 52,
@@ -92,9 +81,9 @@ def check(facts: dict[str, Any], args: dict[str, Any], check_mode: bool = True) 
 
 
 def test_check_mode_predicts_the_b200_retune_as_the_simulator_would_start_it() -> None:
-    journal, info, before, _used = T.simulate(T.FIRST_TUNING, 0.854)
+    journal, info, before, _used = simulate(FIRST_TUNING, 0.854)
     assert before.max_running == 16
-    _j, _i, after, _u = T.simulate({k: v for k, v in NEW.items() if k != "mem_fraction_static"}, 0.93)
+    _j, _i, after, _u = simulate({k: v for k, v in NEW.items() if k != "mem_fraction_static"}, 0.93)
     result, host = check(running_facts(journal, info), NEW)
     assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] is True
     assert result["action"] == "would_relaunch"
@@ -106,9 +95,9 @@ def test_check_mode_predicts_the_b200_retune_as_the_simulator_would_start_it() -
 
 def test_the_same_settings_predict_what_the_instance_reports() -> None:
     """The arithmetic reproduces the running instance when the settings do not change."""
-    journal, info, before, _used = T.simulate(T.FIRST_TUNING, 0.854)
+    journal, info, before, _used = simulate(FIRST_TUNING, 0.854)
     result = predict_after(
-        instance({**T.FIRST_TUNING, "mem_fraction_static": 0.854}),
+        instance({**FIRST_TUNING, "mem_fraction_static": 0.854}),
         running_facts(journal, info),
         {"0": {"total_mib": B200}},
     )
@@ -116,7 +105,7 @@ def test_the_same_settings_predict_what_the_instance_reports() -> None:
 
 
 def test_a_hybrid_model_without_its_journal_keeps_the_dash_and_says_journal() -> None:
-    _journal, info, _plan, _used = T.simulate(T.FIRST_TUNING, 0.854)
+    _journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
     result, _host = check(running_facts(None, info, journal_error="journalctl: rc=1"), NEW)
     assert result["predicted_effective_max_running_requests"] is None
     assert result["prediction_missing"] == "journal"
@@ -139,9 +128,9 @@ def test_a_plain_model_without_memory_usage_or_journal_says_facts_or_journal() -
 
 
 def test_settings_that_would_not_start_say_unfit() -> None:
-    journal, info, _plan, _used = T.simulate(T.FIRST_TUNING, 0.854)
+    journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
     result = predict_after(
-        instance({**T.FIRST_TUNING, "max_mamba_cache_size": 100000}),
+        instance({**FIRST_TUNING, "max_mamba_cache_size": 100000}),
         running_facts(journal, info),
         {"0": {"total_mib": B200}},
     )
@@ -150,7 +139,7 @@ def test_settings_that_would_not_start_say_unfit() -> None:
 
 
 def test_a_real_run_reads_no_journal_in_its_inspect_phase() -> None:
-    journal, info, _plan, _used = T.simulate(T.FIRST_TUNING, 0.854)
+    journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
     facts = running_facts(journal, info)
     host = Host(facts)
     Retune([instance(NEW)], Options(client_units=[], canary=False), host, check_mode=False)._phase("inspect", ["gpu0"])

@@ -1,0 +1,195 @@
+"""The simulated SGLang instance the plugin tests check the collection against (the GPU simulator,
+tests/doubles/gpusim): the GPUs' memory, the 7 x B200 run's first tuning, the simulator's memory
+plan for a set of settings, and what it prints (worker.py's startup lines) and serves (api.py's
+/server_info) for them. The tests import it as ``simulated_instance`` (tests/unit/plugins/conftest.py
+puts this folder on sys.path); only tests import the simulator, the product never does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpusim import memory, profiles
+from gpusim.resolve import Resolved, _resolve_mamba
+from gpusim.versions import Version
+
+# nvidia-smi's memory.total (MiB).
+H200, B200, RTX_PRO_6000 = 143771, 183359, 97887
+
+# The 7 x B200 run's first tuning (inventories/demo/first_tuning.yml; the seeds' write-up of the
+# real run): MTP (EAGLE, 4 draft tokens) and 80 Mamba slots at mamba_full_memory_ratio 0.4...
+MTP_AND_80_SLOTS: dict[str, Any] = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "max_mamba_cache_size": 80,
+    "mamba_full_memory_ratio": 0.4,
+}
+# ...with its reasoning parser and metrics on: extra_buffer by default, capped at 16 running
+# requests, a full queue, the KV cache 2-3% used and ~27 GB per GPU idle.
+FIRST_TUNING: dict[str, Any] = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3", "enable_metrics": True}
+
+# What the simulator (worker.py and api.py, which follow the reference) prints and serves for
+# qwen3.6-27b on a B200 with SGLang 0.5.23, EAGLE (MTP, 4 draft tokens), 80 Mamba slots,
+# mamba_full_memory_ratio 0.4 and SGLang's own mem_fraction_static: the demo's first tuning, as the
+# 7 x B200 run had it before its retune. (simulate() below writes the same lines but the cap warning.)
+SIM_B200_JOURNAL = [
+    "[2026-01-05 10:00:00] Load weight begin. avail mem=178.56 GB",
+    "[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type=Qwen3_5ForCausalLM, avail mem=125.91 GB, "
+    "mem usage=52.65 GB.",
+    "[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.81GB, "
+    "ssm_state size: 20.25GB intermediate_ssm_state_cache size: 17.00GB intermediate_conv_window_cache size: 0.68GB ",
+    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 30.51 GB, "
+    "V size: 30.51 GB",
+    "[2026-01-05 10:00:04] max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, "
+    "5 state slots per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or "
+    "halve the state size with --mamba-ssm-dtype bfloat16.",
+    "[2026-01-05 10:00:04] max_total_num_tokens=941074, chunked_prefill_size=16384, max_prefill_tokens=16384, "
+    "max_running_requests=16, context_len=262144, available_gpu_mem=178.56 GB",
+]
+SIM_B200_SERVER_INFO: dict[str, Any] = {
+    **MTP_AND_80_SLOTS,
+    "mamba_radix_cache_strategy": "auto",
+    "mem_fraction_static": 0.854,
+    "max_running_requests": 48,
+    "context_length": None,
+    "status": "ready",
+    "max_total_num_tokens": 941074,
+    "max_req_input_len": 262143,
+    "internal_states": [
+        {
+            "effective_max_running_requests_per_dp": 16,
+            "max_mamba_cache_size": 80,
+            "memory_usage": {
+                "weight": 52.65,
+                "kvcache": 99.769,
+                "startup_available": 178.562,
+                "token_capacity": 941074,
+                "token_capacity_swa": None,
+            },
+        }
+    ],
+    "version": "0.5.23",
+}
+
+
+def memory_inputs(
+    release: str,
+    profile_name: str,
+    gpu: int,
+    *,
+    args: dict[str, Any] | None = None,
+    spec: bool = False,
+    max_running_requests: int | None = None,
+    draft_tokens: int = 4,
+    **fields: Any,
+) -> tuple[memory.MemoryInputs, dict[str, Any]]:
+    """The simulator's memory inputs for a launch of ``profile_name`` on a ``gpu`` of that many MiB
+    (``fields``: more of MemoryInputs, such as mem_fraction_static), and the launch's args as the
+    simulator resolves them (page size 1 unless given; what Mamba's strategy turns off)."""
+    profile = profiles.get_builtin(profile_name)
+    assert profile is not None
+    version = Version.of(release)
+    resolved: dict[str, Any] = {"page_size": 1, **(args or {})}
+    if spec and max_running_requests is None:
+        max_running_requests = 48
+    if spec and not version.at_least(14):
+        resolved["disable_overlap_schedule"] = True  # 0.5.9: EAGLE turns the overlap scheduler off
+    res = Resolved(args=resolved, spec=spec)
+    res.overlap = not resolved.get("disable_overlap_schedule")
+    if profile.is_hybrid:
+        _resolve_mamba(resolved, res, version, profile)
+    inp = memory.MemoryInputs(
+        version=version,
+        profile=profile,
+        total_mib=gpu,
+        others_mib=0,
+        gpu_index=0,
+        spec=spec,
+        spec_mtp=spec and profile.mtp_capable,
+        draft_tokens=draft_tokens if spec else 0,
+        max_running_requests=max_running_requests,
+        mamba_ratio=res.mamba_ratio,
+        disable_radix_cache=bool(resolved.get("disable_radix_cache")),
+        context_len=profile.context_length,
+        **fields,
+    )
+    return inp, resolved
+
+
+def simulated(release: str, profile_name: str, gpu: int, **kw: Any) -> tuple[memory.MemoryPlan, memory.MemoryInputs]:
+    """The simulator's memory plan and its inputs (``kw``: those of memory_inputs)."""
+    inp, _args = memory_inputs(release, profile_name, gpu, **kw)
+    return memory.plan(inp), inp
+
+
+def simulate(
+    args: dict[str, Any],
+    mem_fraction_static: float,
+    release: str = "0.5.23",
+    profile: str = "qwen3.6-27b",
+    gpu: int = B200,
+) -> tuple[list[str], dict[str, Any], memory.MemoryPlan, int]:
+    """What the simulator prints (worker.py's startup lines) and serves (api.py's /server_info) for
+    these settings, its memory plan and its GPU's memory.used (MiB)."""
+    spec = args.get("speculative_algorithm") is not None
+    inp, a = memory_inputs(
+        release,
+        profile,
+        gpu,
+        args=args,
+        spec=spec,
+        max_running_requests=args.get("max_running_requests"),
+        draft_tokens=int(args.get("speculative_num_draft_tokens") or 4),
+        mem_fraction_static=mem_fraction_static,
+        max_mamba_cache_size=args.get("max_mamba_cache_size"),
+        mamba_full_memory_ratio=float(args.get("mamba_full_memory_ratio") or 0.9),
+    )
+    prof = inp.profile
+    plan = memory.plan(inp)
+    assert memory.check_headroom(inp, plan) is None, "the activations and CUDA graphs would not fit"
+    journal = [
+        f"[2026-01-05 10:00:00] Load weight begin. avail mem={plan.avail_start_gib:.2f} GB",
+        f"[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type={prof.architectures[0]}, "
+        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB.",
+    ]
+    if plan.mamba_k is not None:
+        line = (
+            f"[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
+            f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
+        )
+        if spec:
+            line += (
+                f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
+                f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
+            )
+        journal.append(line)
+    journal += [
+        f"[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.kv_tokens}, "
+        f"K size: {plan.k_gib:.2f} GB, V size: {plan.v_gib:.2f} GB",
+        f"[2026-01-05 10:00:04] max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size=16384, "
+        f"max_prefill_tokens=16384, max_running_requests={plan.max_running}, context_len={prof.context_length}, "
+        f"available_gpu_mem={plan.avail_start_gib:.2f} GB",
+    ]
+    info = {
+        **{k: v for k, v in a.items() if not k.startswith("_")},
+        "mem_fraction_static": mem_fraction_static,
+        "max_running_requests": inp.max_running_requests,
+        "status": "ready",
+        "max_total_num_tokens": plan.kv_tokens,
+        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1),
+        "internal_states": [
+            {
+                "effective_max_running_requests_per_dp": plan.max_running,
+                "max_mamba_cache_size": plan.mamba_k,
+                "memory_usage": {
+                    "weight": round(plan.weights_gib, 3),
+                    "kvcache": round(plan.kv_gib + plan.mamba_gib, 3),
+                    "startup_available": round(plan.avail_start_gib, 3),
+                    "token_capacity": plan.kv_tokens,
+                },
+            }
+        ],
+        "version": release,
+    }
+    return journal, info, plan, plan.final_mib
