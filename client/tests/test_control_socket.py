@@ -99,6 +99,8 @@ def test_hello_bad_requests_permissions_and_removal_at_exit(tmp_path: Path) -> N
             (ep,) = h["endpoints"]
             assert ep["url"] == srv.url and ep["state"] == "up" and ep["drained"] is False
             assert ep["capacity"] == 3 and ep["server_capacity"] == 3 and isinstance(ep["in_flight"], int)
+            # Auto concurrency (the server's capacity x 1.0, generate_args): it follows a relaunch.
+            assert ep["follows_server"] is True and ep["factor"] == 1.0
             bad = [
                 (None, b"{not json\n", "not valid JSON"),
                 ([1], None, "one JSON object"),

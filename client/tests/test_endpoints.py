@@ -88,10 +88,11 @@ def test_auto_concurrency_override_and_recovery() -> None:
         assert await ep.probe() == (True, "ok")
         await ep.refresh_capacity()
         assert ep.limiter.limit == 15  # 10 x factor 1.5
+        assert ep.follows_server is True
         ep.set_override(3)
-        assert ep.limiter.limit == 3
+        assert ep.limiter.limit == 3 and ep.follows_server is False
         ep.set_override("auto")
-        assert ep.limiter.limit == 15
+        assert ep.limiter.limit == 15 and ep.follows_server is True
         ep.mark_up()
         # The server goes away and comes back with another capacity: the endpoint notices both.
         await srv.stop()

@@ -77,6 +77,15 @@ options:
         O(interval)).
     type: float
     default: 30.0
+  client_units:
+    description:
+      - systemd units of the generation clients on the host (the retune's C(sglang_retune_client_units)).
+        At the end of the window, each running one is asked on its control socket what it sends to
+        each instance and whether its concurrency follows the server's (auto concurrency); the
+        predicted throughput of a proposal then counts what they will send after the relaunch.
+    type: list
+    elements: str
+    default: []
   pct:
     description: The C(pct) command on a Proxmox node.
     type: str

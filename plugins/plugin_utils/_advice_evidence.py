@@ -98,3 +98,32 @@ def evidence_from_observation(
         interval_s=interval_s,
         source=source,
     )
+
+
+def client_demand_after(
+    observation: Mapping[str, Any], demand_now: float | None, new_max: int
+) -> tuple[float, list[str]] | None:
+    """What the clients will send the instance once it runs ``new_max`` requests: each local
+    client endpoint that follows the server's capacity (auto concurrency) sends ``new_max`` x its
+    factor, a fixed one what it sends now, and clients the host does not know (elsewhere) what
+    they sent over the window beyond the local ones. None when no local client said (observe's
+    ``clients``), or one did not say whether it follows (an older client)."""
+    clients = [c for c in observation.get("clients") or [] if isinstance(c, Mapping)]
+    if not clients or any(not isinstance(c.get("follows_server"), bool) for c in clients):
+        return None
+    total, words = 0.0, []
+    for c in clients:
+        if c["follows_server"]:
+            factor = float(c.get("factor") or 1.0)
+            sends = math.ceil(new_max * factor)
+            words.append(f"{c.get('unit')} follows the server's max (auto concurrency x{factor:g}): {sends}")
+        else:
+            sends = int(c.get("capacity") or 0)
+            words.append(f"{c.get('unit')} has a fixed concurrency of {sends}")
+        total += sends
+    local_now = sum(float(c.get("capacity") or 0) for c in clients)
+    elsewhere = (demand_now or 0.0) - local_now
+    if elsewhere >= 1.0:
+        total += elsewhere
+        words.append(f"{elsewhere:.0f} more from clients elsewhere (what they sent over the window)")
+    return total, words

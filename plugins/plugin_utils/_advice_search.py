@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import Evidence
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import Evidence, client_demand_after
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import Policy, Proposal, fmt, knee
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
@@ -126,7 +126,22 @@ class ProposalSearch:
             return None
         demand = self.stats.demand_mean
         new_max = plan.effective_max_running_requests
-        if (self.stats.queue_mean or 0.0) >= self.policy.queue_min:
+        known = client_demand_after(self.ev.observation, demand, new_max)
+        if known is not None:
+            sends, words = known
+            running_after = min(running_after, sends)
+            notes.append(
+                f"the generation clients on the host will send {fmt(sends, 1)} requests at the new max ("
+                + "; ".join(words)
+                + ")"
+                + (
+                    f": the prediction counts that many running; keep at least {new_max} in flight per instance "
+                    "to use the new max (generation_concurrency / generation_concurrency_factor)"
+                    if sends < new_max
+                    else ""
+                )
+            )
+        elif (self.stats.queue_mean or 0.0) >= self.policy.queue_min:
             if demand is not None and demand < running_after:
                 running_after = demand
                 notes.append(

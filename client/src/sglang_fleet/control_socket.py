@@ -7,7 +7,9 @@ client closes. Every request carries ``"v": 1``; anything else is answered ``{"o
 
 - ``{"v":1,"op":"hello"}``: the pid, the systemd unit (from ``/proc/self/cgroup``, else null), the
   host shard, the run state and each endpoint (url, state, in_flight, capacity, server_capacity,
-  drained).
+  drained, and whether its concurrency follows the server's capacity - ``follows_server``, auto
+  concurrency - with the ``factor`` it is multiplied by; the tuning advisor predicts from them what
+  the client sends after a relaunch).
 - ``{"v":1,"op":"drain","endpoints":[url...],"timeout":s,"lease":s,"by":who}``: nothing new is sent
   to those endpoints from now on; the answer comes once none of their requests is in flight, or at
   ``timeout``, when the requests still open are abandoned (cancelled, their prompts requeued for the
@@ -281,6 +283,8 @@ class ControlServer:
                     "capacity": ep.limiter.limit,
                     "server_capacity": ep.server_capacity,
                     "drained": ep.drained,
+                    "follows_server": ep.follows_server,
+                    "factor": ep.factor,
                 }
                 for ep in self.endpoints
             ],

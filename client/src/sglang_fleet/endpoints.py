@@ -163,9 +163,14 @@ class Endpoint:
         self.intervals: collections.deque[dict[str, Any]] = collections.deque(maxlen=INTERVALS_KEPT)
 
     # ------------------------------------------------------------------ concurrency
+    @property
+    def follows_server(self) -> bool:
+        """Auto concurrency: the limit is the server's capacity x ``factor`` (a fixed one is not)."""
+        return not isinstance(self.override, int)
+
     def _target_limit(self) -> int:
         if isinstance(self.override, int):
-            return self.override
+            return self.override  # a fixed concurrency
         if self.server_capacity is None:
             return self.default_concurrency
         return max(1, math.ceil(self.server_capacity * self.factor))

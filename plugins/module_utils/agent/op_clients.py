@@ -72,6 +72,33 @@ def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
     return {"clients": out}
 
 
+def clients_by_instance(req: dict[str, Any], host: Host) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """Per instance of ``req``: the endpoints of the running clients (``client_units``) that send to
+    it, as each client's hello gives them (for the tuning advisor: what they send after a
+    relaunch); and a line for each running client that did not answer."""
+    found = op_clients(req, host)["clients"]
+    out: dict[str, list[dict[str, Any]]] = {str(i["name"]): [] for i in req.get("instances") or []}
+    problems = []
+    for unit, entry in found.items():
+        if entry["running"] and not entry["answered"]:
+            problems.append(
+                f"generation client {unit} runs but did not answer on its control socket: {entry.get('error')}"
+            )
+            continue
+        by_url = {str(e.get("url")): e for e in entry.get("endpoints") or []}
+        for name, urls in (entry.get("sends_to") or {}).items():
+            for url in urls:
+                endpoint = by_url.get(url) or {}
+                out.setdefault(str(name), []).append(
+                    {
+                        "unit": unit,
+                        "url": url,
+                        **{k: endpoint.get(k) for k in ("follows_server", "factor", "capacity", "in_flight")},
+                    }
+                )
+    return out, problems
+
+
 def _socket_op(req: dict[str, Any], host: Host, op: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
     """``op`` on each client of ``req["clients"]`` (unit -> endpoint URLs), at once: per client
     ``{"ok": true, **answer}`` or ``{"ok": false, "error": why}``."""

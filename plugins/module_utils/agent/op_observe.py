@@ -8,7 +8,9 @@ unit's journal (the weights, Mamba and KV allocation lines the controller derive
 memory facts from), and - unless the controller reads them from Prometheus - its ``/metrics``
 every ``interval`` seconds for ``window`` seconds (running and queued requests, token and Mamba
 usage, generation throughput and tokens). nvidia-smi's memory.used of every GPU is sampled at the
-same ticks. It returns the raw observations; the controller classifies them
+same ticks. With ``client_units``, the generation clients of the host that answer on their control
+socket say, at the end of the window, what they send to each instance and whether their
+concurrency follows the server's. It returns the raw observations; the controller classifies them
 (``plugin_utils/_advisor.py``).
 """
 
@@ -23,6 +25,7 @@ from typing import Any, Callable
 from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
 from .host import Host, parallel
 from .http_client import instance_url
+from .op_clients import clients_by_instance
 from .systemd import identity
 
 # The scheduler's startup lines the advisor reads (the controller sends the same expression as
@@ -182,8 +185,17 @@ def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
             break
         host.sleep(max(0.0, next_tick - host.monotonic()))
         tick += 1
+    clients_problems: list[str] = []
+    if req.get("client_units"):
+        senders, clients_problems = clients_by_instance(
+            {"client_units": req["client_units"], "instances": instances}, host
+        )
+        for name, endpoints in senders.items():
+            if name in results:
+                results[name]["clients"] = endpoints
     return {
         "instances": results,
+        "clients_problems": clients_problems,
         "gpus": gpus,
         "gpu_error": gpu_error,
         "window_s": round(host.monotonic() - start, 3),

@@ -107,7 +107,9 @@ def task_vars(**more: Any) -> dict[str, Any]:
 
 
 def test_the_observe_phase_and_the_advice_per_instance() -> None:
-    action = make_action({"instances": resolved(), "window": 60, "interval": 5})
+    action = make_action(
+        {"instances": resolved(), "window": 60, "interval": 5, "client_units": ["sglang-fleet-generate.service"]}
+    )
     action._execute_module = MagicMock(return_value=observed())  # type: ignore[method-assign]
     result = action.run(task_vars=task_vars())
     call = action._execute_module.call_args.kwargs
@@ -130,6 +132,7 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
         "nvidia_smi": "nvidia-smi",
         "nvidia_smi_timeout": 20.0,
         "http_timeout": 30.0,
+        "client_units": ["sglang-fleet-generate.service"],
     }
     assert result["changed"] is False and "failed" not in result
     assert result["inventory"] == {

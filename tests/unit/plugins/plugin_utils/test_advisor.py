@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import pytest
@@ -385,6 +386,35 @@ def test_an_instance_without_a_proposal_keeps_its_settings() -> None:
 
 def test_args_after_removes_a_setting_set_back_to_sglangs_default() -> None:
     assert advice_patch.args_after({"a": 1, "b": 2}, {"a": [1, None], "c": [None, 3]}) == {"b": 2, "c": 3}
+
+
+def test_clients_that_follow_the_servers_max_are_counted_at_the_new_max() -> None:
+    # The demo fleet's first tuning: 16 running, the host's client sends 20 (auto concurrency,
+    # x1.25), so 4 wait. Without the client's word the prediction stops at the 20 it sends now.
+    ev = evidence(FIRST_TUNING, 0.854, queue=4, token_usage=0.0)
+    blind = advisor.advise_instance(ev).proposal
+    assert blind is not None and blind.throughput_factor == pytest.approx(20 / 16)
+    client = {"unit": "gen.service", "url": "http://127.0.0.1:30000", "capacity": 20, "in_flight": 20, "factor": 1.25}
+    follows = dataclasses.replace(ev, observation={**ev.observation, "clients": [{**client, "follows_server": True}]})
+    prop = advisor.advise_instance(follows).proposal
+    assert prop is not None and prop.effective_max_after is not None
+    sends = math.ceil(prop.effective_max_after * 1.25)
+    assert prop.throughput_factor == pytest.approx(min(prop.effective_max_after, 64) / 16, rel=0.06)
+    assert any(
+        n.startswith(
+            f"the generation clients on the host will send {sends} requests at the new max (gen.service "
+            "follows the server's max (auto concurrency x1.25)"
+        )
+        for n in prop.notes
+    ), prop.notes
+    # A fixed concurrency of 20 stays 20 after the relaunch: the prediction counts 20 running.
+    fixed = dataclasses.replace(ev, observation={**ev.observation, "clients": [{**client, "follows_server": False}]})
+    prop = advisor.advise_instance(fixed).proposal
+    assert prop is not None and prop.throughput_factor == pytest.approx(20 / 16)
+    assert any("gen.service has a fixed concurrency of 20" in n and "keep at least" in n for n in prop.notes)
+    # An older client that does not say: as without a client.
+    older = dataclasses.replace(ev, observation={**ev.observation, "clients": [client]})
+    assert advisor.advise_instance(older).proposal.throughput_factor == pytest.approx(20 / 16)  # type: ignore[union-attr]
 
 
 def test_with_the_clients_sending_40_the_real_retune_comes_first() -> None:

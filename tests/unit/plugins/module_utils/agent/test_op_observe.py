@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe, ops
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
@@ -153,6 +154,51 @@ def test_observe_samples_the_window_and_reads_the_rest_once(tmp_path: Path) -> N
         }
     }
     assert result["window_s"] == 20.0 and result["gpu_error"] is None
+
+
+def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> None:
+    host = ObserveHost(tmp_path)
+    asked: list[tuple[str, dict[str, Any]]] = []
+    endpoints = [
+        {"url": "http://127.0.0.1:30000", "capacity": 20, "in_flight": 19, "follows_server": True, "factor": 1.25},
+        {"url": "http://127.0.0.1:30001", "capacity": 8, "in_flight": 8, "follows_server": False, "factor": 1.25},
+    ]
+
+    def client_call(unit: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        asked.append((unit, request))
+        if unit == "silent.service":
+            raise ClientError("no answer")
+        return {"ok": True, "pid": 7, "unit": unit, "endpoints": endpoints}
+
+    host.client_call = client_call  # type: ignore[method-assign]
+    host.is_local_host = lambda name: name == "127.0.0.1"  # type: ignore[method-assign]
+    req = {
+        "op": "observe",
+        "instances": [instance()],
+        "window": 5,
+        "interval": 5,
+        "client_units": ["gen.service", "silent.service"],
+    }
+    result = ops.run(req, host)
+    assert [unit for unit, _ in asked] == ["gen.service", "silent.service"]
+    # Only the endpoint that reaches this host's gpu0 (port 30000) counts for it.
+    assert result["instances"]["gpu0"]["clients"] == [
+        {
+            "unit": "gen.service",
+            "url": "http://127.0.0.1:30000",
+            "follows_server": True,
+            "factor": 1.25,
+            "capacity": 20,
+            "in_flight": 19,
+        }
+    ]
+    assert result["clients_problems"] == [
+        "generation client silent.service runs but did not answer on its control socket: no answer"
+    ]
+    # Without client_units, no client is asked.
+    asked.clear()
+    plain = ops.run({**req, "client_units": []}, host)
+    assert asked == [] and "clients" not in plain["instances"]["gpu0"]
 
 
 def test_observe_without_sampling_for_prometheus(tmp_path: Path) -> None:
