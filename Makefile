@@ -64,7 +64,9 @@ test:
 
 demo: setup
 	@$(BIN)/ansible-playbook playbooks/demo.yml
-	@echo; echo "=== ansible-playbook retune.yml   (the tuning change: Mamba cache 80 -> 200 slots, ...)"
+	@echo; echo "=== sglang-fleet-ops advise   (what limits the servers while the job runs, and the change to make)"
+	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 1 --out $(abspath .cache/demo/sglang-fleet-advice.yml)
+	@echo; echo "=== ansible-playbook retune.yml   (the run's own tuning: Mamba cache 80 -> 200 slots, memory fraction 0.93, ...)"
 	@$(BIN)/ansible-playbook retune.yml
 	@echo; echo "=== ansible-playbook retune.yml   (again: nothing to change)"
 	@$(BIN)/ansible-playbook retune.yml

@@ -49,7 +49,15 @@ def patched_layout(
 
 
 def _server_changes(advice: Mapping[str, Any]) -> dict[str, list[Any]]:
-    return dict((advice.get("proposal") or {}).get("changes") or {})
+    """The settings the patch sets for an instance: its proposal's changes, and - where the
+    instance runs another value than the inventory has (``drift``) - the running value, which
+    the proposal was computed with. None without a proposal that changes server settings."""
+    changes = dict((advice.get("proposal") or {}).get("changes") or {})
+    if not changes:
+        return {}
+    for key, (wanted, running) in (advice.get("drift") or {}).items():
+        changes.setdefault(key, [wanted, running])
+    return changes
 
 
 def instance_args_after(advice: Mapping[str, Any], layers: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -76,6 +84,7 @@ def _host_patch(
     shadowing = sorted(name for name in on_host if keys & set(instance_args.get(name) or {}))
     untouched = [name for name in on_host if name not in by_name]
     why = f"{instance_names(members)}: {', '.join(sorted({str(m['diagnosis']) for m in members}))}"
+    drift = _drift_note(host, members)
     if len(distinct) == 1 and not untouched and not shadowing:
         changes = next(iter(by_name.values()))
         host_args = dict(layers.get(HOST_ARGS) or {})
@@ -85,7 +94,7 @@ def _host_patch(
             "_changes": changes,
             "_previous": previous,
             "_why": why,
-        }, None
+        }, drift
     reasons = []
     if len(distinct) > 1:
         reasons.append("its instances got different proposals")
@@ -95,6 +104,10 @@ def _host_patch(
         reasons.append(f"{', '.join(shadowing)} set{'s' if len(shadowing) == 1 else ''} a changed key in its own args")
     if not layout:
         return {}, f"{host}: {'; '.join(reasons)}, and the report has no instance layout of it: no patch for it"
+    where = (
+        f"{host}: {'; '.join(reasons)}: the patch sets each proposal in its instance's own args "
+        f"({INSTANCES}, the whole list)"
+    )
     previous = {
         name: {key: instance_args[name][key] for key in changes if key in (instance_args.get(name) or {})}
         for name, changes in by_name.items()
@@ -104,9 +117,23 @@ def _host_patch(
         "_changes_by_instance": by_name,
         "_previous_by_instance": previous,
         "_why": why,
-    }, (
-        f"{host}: {'; '.join(reasons)}: the patch sets each proposal in its instance's own args "
-        f"({INSTANCES}, the whole list)"
+    }, where + (f". {drift}" if drift else "")
+
+
+def _drift_note(host: str, members: Sequence[Mapping[str, Any]]) -> str | None:
+    """A note for instances that do not run the inventory's settings (the patch sets what runs)."""
+    seen = sorted(
+        {
+            f"{key} {yaml_scalar(wanted)} in the inventory, {yaml_scalar(running)} running"
+            for m in members
+            for key, (wanted, running) in (m.get("drift") or {}).items()
+        }
+    )
+    if not seen:
+        return None
+    return (
+        f"{host}: the instances do not run the inventory's settings ({'; '.join(seen)}): the advice is for what "
+        "runs, so the patch sets those back to the running values; to advise on the inventory's, retune first"
     )
 
 

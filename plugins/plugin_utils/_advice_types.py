@@ -81,6 +81,7 @@ class InstanceAdvice:
     settings: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     model_check: bool | None = None
+    drift: dict[str, list[Any]] = field(default_factory=dict)  # setting -> [the inventory's, the running]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +98,7 @@ class InstanceAdvice:
             "settings": self.settings,
             "problems": list(self.problems),
             "model_check": self.model_check,
+            "drift": dict(self.drift),
         }
 
 

@@ -131,6 +131,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     advice.problems.extend(f"model facts: {p}" for p in derived.problems)
     settings = current_settings(ev.args, info, ev.env)
     for key, (wanted, running) in running_drift(ev.args, info).items():
+        advice.drift[key] = [wanted, running]
         advice.problems.append(
             f"the instance runs {key} {yaml_scalar(running)}, the inventory has {yaml_scalar(wanted)} "
             "(not relaunched with the inventory's settings, or an override): the advice is for what it runs"

@@ -384,6 +384,27 @@ def test_an_instance_without_a_proposal_keeps_its_settings() -> None:
     assert notes[0].startswith("b200-node: gpu1 got none: the patch sets each proposal in its instance's own args")
 
 
+def test_a_patch_for_instances_that_run_other_settings_than_the_inventory_sets_what_runs() -> None:
+    # The inventory already holds another tuning (not retuned yet); the instances run the first.
+    ev = evidence(FIRST_TUNING, 0.854, queue=4, token_usage=0.0)
+    pending = {**FIRST_TUNING, "max_mamba_cache_size": 200, "mamba_full_memory_ratio": 0.6}
+    advice = advisor.advise_instance(dataclasses.replace(ev, args=pending)).to_dict()
+    assert advice["drift"] == {"max_mamba_cache_size": [200, 80], "mamba_full_memory_ratio": [0.6, 0.4]}
+    changes = advice["proposal"]["changes"]
+    assert "mamba_full_memory_ratio" not in changes  # computed with the 0.4 that runs
+    report = advice_report.fleet_report([advice], {"b200-node": {"sglang_server_host_args": pending}})
+    host_args = report["patch"]["host_vars"]["b200-node"]["sglang_server_host_args"]
+    # The proposal, and the running ratio it was computed with - not the inventory's 0.6.
+    assert host_args == {**pending, **{k: v[1] for k, v in changes.items()}, "mamba_full_memory_ratio": 0.4}
+    (note,) = report["patch_notes"]
+    assert note == (
+        "b200-node: the instances do not run the inventory's settings (mamba_full_memory_ratio 0.6 in the "
+        "inventory, 0.4 running; max_mamba_cache_size 200 in the inventory, 80 running): the advice is for what "
+        "runs, so the patch sets those back to the running values; to advise on the inventory's, retune first"
+    )
+    assert "      mamba_full_memory_ratio: 0.4  # was 0.6" in advice_patch.patch_yaml(report)
+
+
 def test_args_after_removes_a_setting_set_back_to_sglangs_default() -> None:
     assert advice_patch.args_after({"a": 1, "b": 2}, {"a": [1, None], "c": [None, 3]}) == {"b": 2, "c": 3}
 
