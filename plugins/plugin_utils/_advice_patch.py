@@ -84,7 +84,7 @@ def _host_patch(
     shadowing = sorted(name for name in on_host if keys & set(instance_args.get(name) or {}))
     untouched = [name for name in on_host if name not in by_name]
     why = f"{instance_names(members)}: {', '.join(sorted({str(m['diagnosis']) for m in members}))}"
-    drift = _drift_note(host, members)
+    drift = _drift_note(members)
     if len(distinct) == 1 and not untouched and not shadowing:
         changes = next(iter(by_name.values()))
         host_args = dict(layers.get(HOST_ARGS) or {})
@@ -94,7 +94,7 @@ def _host_patch(
             "_changes": changes,
             "_previous": previous,
             "_why": why,
-        }, drift
+        }, (f"{host}: {drift}" if drift else None)
     reasons = []
     if len(distinct) > 1:
         reasons.append("its instances got different proposals")
@@ -117,23 +117,17 @@ def _host_patch(
         "_changes_by_instance": by_name,
         "_previous_by_instance": previous,
         "_why": why,
-    }, where + (f". {drift}" if drift else "")
+    }, where + (f"; {drift}" if drift else "")
 
 
-def _drift_note(host: str, members: Sequence[Mapping[str, Any]]) -> str | None:
+def _drift_note(members: Sequence[Mapping[str, Any]]) -> str | None:
     """A note for instances that do not run the inventory's settings (the patch sets what runs)."""
-    seen = sorted(
-        {
-            f"{key} {yaml_scalar(wanted)} in the inventory, {yaml_scalar(running)} running"
-            for m in members
-            for key, (wanted, running) in (m.get("drift") or {}).items()
-        }
-    )
-    if not seen:
+    keys = sorted({key for m in members for key in m.get("drift") or {}})
+    if not keys:
         return None
     return (
-        f"{host}: the instances do not run the inventory's settings ({'; '.join(seen)}): the advice is for what "
-        "runs, so the patch sets those back to the running values; to advise on the inventory's, retune first"
+        f"the instances do not run the inventory's {', '.join(keys)}: the advice is for what runs, so the patch "
+        "sets them back to the running values (retune first to advise on the inventory's)"
     )
 
 
@@ -143,7 +137,6 @@ def build_patch(
     """``{"host_vars": {host: {variable: value, "_...": annotations}}, "group_vars": {...}}``: per
     host the layer the proposals go in (see the module's docstring), and the generation clients'
     concurrency for client-bound instances; with notes for the operator."""
-    notes: list[str] = []
     host_vars: dict[str, Any] = {}
     group_vars: dict[str, Any] = {}
     by_host: dict[str, list[Mapping[str, Any]]] = {}
@@ -153,12 +146,14 @@ def build_patch(
         client = (a.get("proposal") or {}).get("client_changes")
         if client:
             group_vars.setdefault("generation", {}).update(client)
+    hosts_by_note: dict[str, list[str]] = {}
     for host, members in sorted(by_host.items()):
         entry, note = _host_patch(host, members, inventory.get(host) or {})
         if entry:
             host_vars[host] = entry
         if note:
-            notes.append(note)
+            hosts_by_note.setdefault(note.removeprefix(f"{host}: "), []).append(host)
+    notes = [f"{', '.join(hosts)}: {note}" for note, hosts in hosts_by_note.items()]
     return {"host_vars": host_vars, "group_vars": group_vars}, notes
 
 

@@ -130,11 +130,14 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     advice.facts = derived.to_dict()
     advice.problems.extend(f"model facts: {p}" for p in derived.problems)
     settings = current_settings(ev.args, info, ev.env)
-    for key, (wanted, running) in running_drift(ev.args, info).items():
-        advice.drift[key] = [wanted, running]
+    advice.drift = {key: [wanted, running] for key, (wanted, running) in running_drift(ev.args, info).items()}
+    if advice.drift:
         advice.problems.append(
-            f"the instance runs {key} {yaml_scalar(running)}, the inventory has {yaml_scalar(wanted)} "
-            "(not relaunched with the inventory's settings, or an override): the advice is for what it runs"
+            "the instance runs "
+            + ", ".join(f"{key} {yaml_scalar(running)}" for key, (_wanted, running) in advice.drift.items())
+            + " where the inventory has "
+            + ", ".join(yaml_scalar(wanted) for wanted, _running in advice.drift.values())
+            + " (not relaunched since the inventory changed, or an override): the advice is for what it runs"
         )
     advice.settings = {k: v for k, v in settings.__dict__.items() if v not in (None, False)}
     plan: CapacityPlan | None = None

@@ -398,10 +398,15 @@ def test_a_patch_for_instances_that_run_other_settings_than_the_inventory_sets_w
     assert host_args == {**pending, **{k: v[1] for k, v in changes.items()}, "mamba_full_memory_ratio": 0.4}
     (note,) = report["patch_notes"]
     assert note == (
-        "b200-node: the instances do not run the inventory's settings (mamba_full_memory_ratio 0.6 in the "
-        "inventory, 0.4 running; max_mamba_cache_size 200 in the inventory, 80 running): the advice is for what "
-        "runs, so the patch sets those back to the running values; to advise on the inventory's, retune first"
+        "b200-node: the instances do not run the inventory's mamba_full_memory_ratio, max_mamba_cache_size: the "
+        "advice is for what runs, so the patch sets them back to the running values (retune first to advise on "
+        "the inventory's)"
     )
+    # Two hosts with the same note: one line naming both.
+    twin = {**advice, "host": "b200-node-2"}
+    inventory = {h: {"sglang_server_host_args": pending} for h in ("b200-node", "b200-node-2")}
+    (note,) = advice_report.fleet_report([advice, twin], inventory)["patch_notes"]
+    assert note.startswith("b200-node, b200-node-2: the instances do not run the inventory's")
     assert "      mamba_full_memory_ratio: 0.4  # was 0.6" in advice_patch.patch_yaml(report)
 
 
@@ -462,10 +467,8 @@ def test_an_instance_running_other_settings_than_the_inventory_is_advised_on_wha
         "running request (extra_buffer, overlap on, speculative decoding, 4 draft tokens)"
     ) in advice.why
     assert advice.problems == [
-        "the instance runs max_mamba_cache_size 200, the inventory has 80 (not relaunched with the inventory's "
-        "settings, or an override): the advice is for what it runs",
-        "the instance runs mamba_full_memory_ratio 0.6, the inventory has 0.4 (not relaunched with the inventory's "
-        "settings, or an override): the advice is for what it runs",
+        "the instance runs max_mamba_cache_size 200, mamba_full_memory_ratio 0.6 where the inventory has 80, 0.4 "
+        "(not relaunched since the inventory changed, or an override): the advice is for what it runs"
     ]
     assert advice.diagnosis == advisor.MAMBA_BOUND
     prop = advice.proposal
