@@ -99,6 +99,31 @@ def _change_words(changes: Mapping[str, Sequence[Any]]) -> list[str]:
     ]
 
 
+def _factor_words(prop: Mapping[str, Any]) -> str:
+    """``x2.05 expected (x2.81 at most)``, or ``x2.81`` without an expected factor."""
+    factor, expected = prop.get("throughput_factor") or 0.0, prop.get("throughput_factor_expected")
+    return f"x{factor:.2f}" if expected is None else f"x{expected:.2f} expected (x{factor:.2f} at most)"
+
+
+def _throughput_words(prop: Mapping[str, Any]) -> str:
+    """``throughput x2.17 expected, x3.15 at most (778 -> ~1688, at most 2450 tok/s per instance)``"""
+    factor, expected, before = (
+        prop["throughput_factor"],
+        prop.get("throughput_factor_expected"),
+        prop.get("throughput_before"),
+    )
+    words = (
+        f"  throughput x{expected:.2f} expected, x{factor:.2f} at most"
+        if expected is not None
+        else f"  throughput x{factor:.2f}"
+    )
+    if before is not None:
+        after = [f"~{fmt(before * expected, 0)}"] if expected is not None else []
+        after.append(("at most " if expected is not None else "") + fmt(before * factor, 0))
+        words += f" ({fmt(before, 0)} -> {', '.join(after)} tok/s per instance)"
+    return words
+
+
 def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str:
     """The report for people: per group of instances, the diagnosis, why (metrics to check on a
     dashboard), the proposal and what it is predicted to give."""
@@ -137,11 +162,7 @@ def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str
                 predicted += f", token usage ~{prop['predicted_token_usage']:.2f} at the new max"
             lines.append(predicted)
             if prop.get("throughput_factor") is not None:
-                tput = f"  throughput x{prop['throughput_factor']:.2f}"
-                if prop.get("throughput_before") is not None and prop.get("throughput_after") is not None:
-                    before, after = fmt(prop["throughput_before"], 0), fmt(prop["throughput_after"], 0)
-                    tput += f" ({before} -> {after} tok/s per instance)"
-                lines.append(tput)
+                lines.append(_throughput_words(prop))
             lines += [f"  note: {n}" for n in prop.get("notes") or []]
         elif group["diagnosis"] not in (COMPUTE_BOUND, UNKNOWN):
             lines.append("  proposal: none")
@@ -150,7 +171,7 @@ def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str
         for alt in (group.get("alternatives") or [])[:3]:
             lines.append(
                 f"  alternative: {'; '.join(_change_words(alt.get('changes') or {}))} -> effective max "
-                f"{alt.get('effective_max_after')}, throughput x{(alt.get('throughput_factor') or 0):.2f}"
+                f"{alt.get('effective_max_after')}, throughput {_factor_words(alt)}"
             )
         lines += [f"  problem: {p}" for p in group.get("problems") or []]
         lines.append("")

@@ -10,7 +10,13 @@ import math
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import Evidence, client_demand_after
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import Policy, Proposal, fmt, knee
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
+    Policy,
+    Proposal,
+    fmt,
+    knee,
+    throughput_factors,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import resolve_strategy
@@ -23,8 +29,7 @@ def client_proposal(stats: WindowStats, eff: int, settings: Settings, policy: Po
     target = math.ceil(policy.client_headroom * eff)
     before = stats.gen_throughput_mean or stats.generation_rate
     decode_knee = knee(settings, policy)
-    running = max(stats.running_mean or 0.0, 1e-9)
-    factor = min(eff, decode_knee) / min(running, decode_knee)
+    factor, expected = throughput_factors(eff, stats.running_mean or 0.0, decode_knee, policy)
     proposal = Proposal(
         client_changes={"generation_concurrency": "auto", "generation_concurrency_factor": policy.client_headroom},
         effective_max_before=eff,
@@ -32,6 +37,7 @@ def client_proposal(stats: WindowStats, eff: int, settings: Settings, policy: Po
         throughput_factor=factor,
         throughput_before=before,
         throughput_after=before * factor if before is not None else None,
+        throughput_factor_expected=expected,
         notes=[
             f"keep at least {target} requests in flight per instance ({policy.client_headroom} x the effective max "
             f"{eff}); the clients sent {fmt(stats.demand_mean, 1)} on average (running + queued)",
@@ -154,16 +160,17 @@ class ProposalSearch:
                 "nothing was queued: the prediction assumes the clients follow the server's max "
                 "(generation_concurrency auto does)"
             )
-        running_before = max(self.stats.running_mean or 0.0, 1e-9)
-        factor = min(running_after, self.knee) / min(running_before, self.knee)
+        factor, expected = throughput_factors(running_after, self.stats.running_mean or 0.0, self.knee, self.policy)
         if self.plan.overlap and not plan.overlap:
             factor *= 1 - self.policy.overlap_off_cost
+            expected *= 1 - self.policy.overlap_off_cost
         usage = None
         if plan.kv_tokens and self.tokens_per_request:
             usage = plan.effective_max_running_requests * self.tokens_per_request / plan.kv_tokens
         notes.append(
-            "throughput model: proportional to running requests while decode is memory-bound, up to "
-            f"{self.policy.saturation_batch_tokens} tokens per decode step ({self.knee} running requests here)"
+            "throughput model: at most proportional to running requests while decode is memory-bound, up to "
+            f"{self.policy.saturation_batch_tokens} tokens per decode step ({self.knee} running requests here); "
+            f"expected: running requests x r give throughput x r^{self.policy.scaling_exponent:g}"
         )
         return Proposal(
             changes=changes,
@@ -175,6 +182,7 @@ class ProposalSearch:
             throughput_factor=factor,
             throughput_before=self.throughput,
             throughput_after=self.throughput * factor if self.throughput is not None else None,
+            throughput_factor_expected=expected,
             plan=plan.to_dict(),
             notes=notes,
         )

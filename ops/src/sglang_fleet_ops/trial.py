@@ -181,7 +181,7 @@ def run_trial(
         changes=changes,
         predicted={
             k: chosen["proposal"].get(k)
-            for k in ("effective_max_before", "effective_max_after", "throughput_factor")
+            for k in ("effective_max_before", "effective_max_after", "throughput_factor", "throughput_factor_expected")
             if k in chosen["proposal"]
         },
     )

@@ -433,6 +433,14 @@ def test_clients_that_follow_the_servers_max_are_counted_at_the_new_max() -> Non
         )
         for n in prop.notes
     ), prop.notes
+    # Expected: running requests x r give throughput x r^0.7 (the policy's measured scaling).
+    ratio = min(prop.effective_max_after, 64) / 16
+    overlap = 0.95 if "mamba_radix_cache_strategy" in prop.changes else 1.0
+    assert prop.throughput_factor_expected == pytest.approx(ratio**0.7 * overlap, rel=0.06)
+    data = advisor.advise_instance(follows).to_dict()
+    text = advice_report.report_text(advice_report.fleet_report([data]))
+    expected, most = data["proposal"]["throughput_factor_expected"], data["proposal"]["throughput_factor"]
+    assert f"  throughput x{expected:.2f} expected, x{most:.2f} at most (1200 -> ~" in text
     # A fixed concurrency of 20 stays 20 after the relaunch: the prediction counts 20 running.
     fixed = dataclasses.replace(ev, observation={**ev.observation, "clients": [{**client, "follows_server": False}]})
     prop = advisor.advise_instance(fixed).proposal
