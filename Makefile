@@ -57,7 +57,8 @@ unit: venv collections
 	@PYTEST=$(BIN)/pytest tools/unit.sh $(PYTEST_ARGS)
 
 molecule: venv collections image
-	@set -e; for s in $(SCENARIOS); do echo "--- molecule scenario: $$s"; $(BIN)/molecule test -s $$s; done
+	@set -e; for s in $(SCENARIOS); do echo "--- molecule scenario: $$s"; t0=$$(date +%s); \
+	  $(BIN)/molecule test -s $$s; echo "--- molecule scenario $$s: $$(( $$(date +%s) - t0 ))s"; done
 
 test:
 	@tools/stages.sh setup lint unit molecule

@@ -101,7 +101,10 @@ def _host_patch(
     if untouched:
         reasons.append(f"{', '.join(untouched)} got none")
     if shadowing:
-        reasons.append(f"{', '.join(shadowing)} set{'s' if len(shadowing) == 1 else ''} a changed key in its own args")
+        one = len(shadowing) == 1
+        reasons.append(
+            f"{', '.join(shadowing)} set{'s' if one else ''} a changed key in {'its' if one else 'their'} own args"
+        )
     if not layout:
         return {}, f"{host}: {'; '.join(reasons)}, and the report has no instance layout of it: no patch for it"
     where = (

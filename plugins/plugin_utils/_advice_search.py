@@ -202,12 +202,15 @@ class ProposalSearch:
         return out
 
     @staticmethod
-    def rank(p: Proposal) -> tuple[float, int, int]:
+    def rank(p: Proposal) -> tuple[float, bool, int, int]:
+        """Best first: the most throughput; at equal throughput one that keeps the effective max
+        (room for clients that send more later), then the least invasive, then fewer slots."""
+        lowers = (p.effective_max_after or 0) < (p.effective_max_before or 0)
         invasive = 2 * any(k.startswith("mamba_") and k.endswith("strategy") for k in p.changes) + int(
             "mem_fraction_static" in p.changes
         )
         slots = (p.changes.get("max_mamba_cache_size") or [0, 0])[1] or 0
-        return (-round(p.throughput_factor or 0.0, 3), invasive, slots)
+        return (-round(p.throughput_factor or 0.0, 3), lowers, invasive, slots)
 
     # -- raise the effective max (mamba-bound, max-running-bound) ----------------------------
 

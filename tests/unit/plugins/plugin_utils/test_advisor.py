@@ -214,6 +214,23 @@ def test_a_kv_bound_instance_gets_no_more_mamba_slots() -> None:
     assert advice.proposal is not None and advice.proposal.changes["mem_fraction_static"][1] == 0.93
 
 
+def test_at_equal_predicted_throughput_a_proposal_keeps_the_effective_max() -> None:
+    # A small KV cache (fraction 0.36) filled by long prompts; the clients send 5. Fewer Mamba
+    # slots (40 -> 25) and a higher fraction both predict the 5 running; only the fraction keeps
+    # the effective max of 8 for when the clients send more.
+    args = {"max_mamba_cache_size": 40, "mem_fraction_static": 0.36}
+    ev = evidence(args, 0.36, running=3, queue=2, token_usage=0.95, gpu_used=68409)
+    for i, sample in enumerate(ev.observation["samples"]):
+        if i % 3 == 0:  # 4 running at times, 3 on average: the idle slots are cut to 5 x 5
+            sample["num_running_reqs"], sample["num_queue_reqs"] = 4, 1
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.KV_BOUND
+    prop = advice.proposal
+    assert prop is not None and prop.effective_max_after is not None
+    assert prop.effective_max_after >= prop.effective_max_before == 8, prop.changes
+    assert "mem_fraction_static" in prop.changes
+
+
 def test_a_client_bound_instance_gets_client_concurrency_only() -> None:
     ev = evidence(RETUNED, 0.93, running=12, queue=0, token_usage=0.02)
     advice = advisor.advise_instance(ev)
