@@ -147,7 +147,10 @@ class ActionModule(ActionBase):
                 out["source"],
             )
             display.vvv(f"advise: {inst['name']}: {len(observation.get('samples') or [])} samples", host=hostname)
-            out["instances"].append(_advisor.advise_instance(evidence, policy).to_dict())
+            advice = _advisor.advise_instance(evidence, policy).to_dict()
+            # A client that runs but did not say what it sends: the prediction could not count it.
+            advice["problems"] += list(host_side.get("clients_problems") or [])
+            out["instances"].append(advice)
         return out
 
     def inventory_layers(

@@ -148,6 +148,17 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
     assert result["source"] == "sampled /metrics"
 
 
+def test_a_client_that_did_not_answer_is_named_in_the_advice() -> None:
+    got = observed()
+    got["containers"]["host"]["clients_problems"] = [
+        "generation client gen.service runs but did not answer on its control socket: timed out"
+    ]
+    action = make_action({"instances": resolved(), "window": 60, "interval": 5, "client_units": ["gen.service"]})
+    action._execute_module = MagicMock(return_value=got)  # type: ignore[method-assign]
+    (advice,) = action.run(task_vars=task_vars())["instances"]
+    assert advice["problems"][-1] == got["containers"]["host"]["clients_problems"][0]
+
+
 def test_prometheus_replaces_the_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[Any, ...]] = []
 
