@@ -39,17 +39,21 @@ class Evidence:
 
 
 def current_settings(
-    args: Mapping[str, Any], server_info: Mapping[str, Any] | None, env: Mapping[str, str]
+    args: Mapping[str, Any],
+    server_info: Mapping[str, Any] | None,
+    env: Mapping[str, str],
+    drift: Mapping[str, tuple[Any, Any]],
 ) -> Settings:
     """What the instance runs: the inventory's settings, and for the ones it leaves unset the
-    values the server resolved (mem_fraction_static, speculative_num_draft_tokens, ...)."""
+    values the server resolved (mem_fraction_static, speculative_num_draft_tokens, ...); where it
+    runs another value than the inventory has (``drift``: :func:`running_drift`), the running one."""
     merged: dict[str, Any] = {}
     for key, value in (server_info or {}).items():
         if key in _RESOLVED_BY_SGLANG or isinstance(value, (dict, list)):
             continue
         merged[key] = value
     merged.update({k: v for k, v in args.items() if v is not None})
-    merged.update({k: running for k, (_inventory, running) in running_drift(args, server_info).items()})
+    merged.update({k: running for k, (_inventory, running) in drift.items()})
     return Settings.from_args(merged, env)
 
 

@@ -129,8 +129,9 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     )
     advice.facts = derived.to_dict()
     advice.problems.extend(f"model facts: {p}" for p in derived.problems)
-    settings = current_settings(ev.args, info, ev.env)
-    advice.drift = {key: [wanted, running] for key, (wanted, running) in running_drift(ev.args, info).items()}
+    drift = running_drift(ev.args, info)
+    settings = current_settings(ev.args, info, ev.env, drift)
+    advice.drift = {key: [wanted, running] for key, (wanted, running) in drift.items()}
     if advice.drift:
         advice.problems.append(
             "the instance runs "
