@@ -42,8 +42,8 @@ venv: $(VENV)/.installed
 collections: venv
 	@tools/setup/collections.sh $(BIN)/python .cache/collections
 
-image: apt
-	@tools/testhost/build-image.sh
+image: apt venv
+	@tools/testhost/build-image.sh $(BIN)/python
 
 lint: venv collections
 	@$(BIN)/ruff check .

@@ -8,16 +8,9 @@ pytest=${PYTEST:-.venv/bin/pytest}
 export COLUMNS=${COLUMNS:-160}   # room for the assertion message on pytest's FAILED lines
 cache=.cache/pytest/v/cache/lastfailed
 rm -f "$cache"
-# pytest.ini's testpaths and the controller CLI's tests (ops/, a package of its own), unless an
-# argument names a test file or directory.
-named=0
-for arg in "$@"; do [ -e "${arg%%::*}" ] && named=1; done
-paths=()
-if [ "$named" = 0 ]; then
-  mapfile -t paths < <(python3 -c 'import configparser; c = configparser.ConfigParser(); c.read("pytest.ini"); print("\n".join(c["pytest"]["testpaths"].split()))')
-  paths+=(ops/tests)
-fi
-"$pytest" -q -n 2 "$@" "${paths[@]}"
+# pytest.ini's testpaths, unless an argument names a test file or directory. The 25 slowest
+# tests are listed at the end, so a slow one is seen.
+"$pytest" -q -n 2 --durations=25 "$@"
 rc=$?
 # 1: some tests failed. Anything else (0 passed, 2 interrupted, 3 internal error, 4 usage,
 # 5 no tests collected) is final.

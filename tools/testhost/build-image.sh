@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Build (or reuse) the Debian 12 test-host image: systemd as PID 1, Python 3, nothing else of
-# ours. Every Molecule scenario and the demo fleet share it. The rootfs tarball is cached outside
-# the repo, keyed by a hash of this recipe, so it is rebuilt only when the recipe changes.
+# Build (or reuse) the Debian 12 test-host image: systemd as PID 1, Python 3, and the simulated
+# GPU host's software (tests/doubles/gpusim in /opt/sglang/venv, nvidia-smi on the PATH). Every
+# Molecule scenario and the demo fleet share it. Two layers, each keyed by a hash: the rootfs
+# (this recipe; its tarball is cached outside the repo) and the simulator (its source:
+# tools/testhost/gpusim-hash.sh), so a change to the simulator rebuilds its layer once, here,
+# instead of every test host installing it in prepare.
+# Usage: build-image.sh [PYTHON]   (PYTHON builds the simulator's wheel; default python3)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${SGLANG_FLEET_CACHE:-$HOME/.cache/sglang-fleet}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
+python=${1:-python3}
 
 packages=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,python3-yaml,iproute2,procps,ca-certificates,lxc,debootstrap,rsync
 recipe_hash=$( { cat "$0"; echo "$packages"; } | sha256sum | cut -c1-12)
-tag="localhost/sglang-fleet-testhost:$recipe_hash"
+sim_hash=$("$here/gpusim-hash.sh")
+base="localhost/sglang-fleet-testhost-base:$recipe_hash"
+tag="localhost/sglang-fleet-testhost:$recipe_hash-$sim_hash"
 tarball="$cache/testhost-$recipe_hash.tar.gz"
 
 if podman image exists "$tag"; then
@@ -43,10 +50,26 @@ if [ ! -s "$tarball" ]; then
   rm -rf "$root"; trap - EXIT
 fi
 
-podman import \
-  --change 'CMD ["/sbin/init"]' \
-  --change 'ENV container=podman' \
-  --change 'STOPSIGNAL SIGRTMIN+3' \
-  "$tarball" "$tag" >/dev/null
+if ! podman image exists "$base"; then
+  podman import \
+    --change 'CMD ["/sbin/init"]' \
+    --change 'ENV container=podman' \
+    --change 'STOPSIGNAL SIGRTMIN+3' \
+    "$tarball" "$base" >/dev/null
+fi
+
+# The simulator's layer: its wheel, built here, installed where the gpu_host role would put it.
+build=sglang-fleet-testhost-build
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"; podman rm --force --ignore --time 0 "$build" >/dev/null' EXIT
+"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$wheels" "$here/../../tests/doubles/gpusim"
+venv=/opt/sglang/venv
+podman rm --force --ignore --time 0 "$build" >/dev/null
+podman run --name "$build" --volume "$wheels:/wheels:ro" "$base" /bin/sh -ec "
+  python3 -m venv $venv
+  $venv/bin/pip install --quiet --no-index --no-deps /wheels/*.whl
+  ln -sf $venv/bin/nvidia-smi $venv/bin/gpusim /usr/local/bin/
+  echo $sim_hash > /opt/sglang/gpusim-source-hash"
+podman commit --quiet --change 'CMD ["/sbin/init"]' "$build" "$tag" >/dev/null
 podman tag "$tag" localhost/sglang-fleet-testhost:latest
-echo "test-host image $tag built"
+echo "test-host image $tag built (simulator $sim_hash)"
