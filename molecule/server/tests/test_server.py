@@ -182,7 +182,7 @@ def test_every_start_passed_the_start_guard(host, name: str, gpus: str) -> None:
     guard_lines = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
     assert guard_lines == [
         "ExecStartPre=+/usr/bin/python3 /usr/local/libexec/sglang-fleet/sglang-fleet-start-guard "
-        f"--gpus {gpus} --port {INSTANCES[name]} --threshold-mib 1024 --timeout 10 "
+        f"--gpus {gpus} --port {INSTANCES[name]} --threshold-mib 1024 --timeout 10 --interval 0.2 "
         "--secrets-file /etc/sglang-fleet/secrets.env"
     ]
     # 10 s guard deadline + 120 s model load.

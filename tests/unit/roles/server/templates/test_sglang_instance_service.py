@@ -125,6 +125,7 @@ def test_the_start_guard_runs_before_sglang_with_the_instance_gpus_and_port(defa
             f"--gpus {gpus} --port {port} "
             f"--threshold-mib {DEFAULTS['sglang_server_release_threshold_mib']} "
             f"--timeout {DEFAULTS['sglang_server_start_guard_timeout']} "
+            f"--interval {DEFAULTS['sglang_server_start_poll_interval']} "
             "--secrets-file /etc/sglang-fleet/secrets.env"
         ]
         assert unit.index("ExecStartPre=") < unit.index("ExecStart=") < unit.index("ExecStartPost=")
@@ -147,7 +148,9 @@ def test_timeout_start_covers_the_guard_deadline_and_the_model_load(default_unit
     load_timeout = DEFAULTS["sglang_server_start_timeout"]
     assert values["TimeoutStartSec"] == [str(guard_timeout + load_timeout)]
     # The health wait keeps the model load's own deadline.
-    assert values["ExecStartPost"][0].endswith(f"--timeout {load_timeout}")
+    assert values["ExecStartPost"][0].endswith(
+        f"--timeout {load_timeout} --interval {DEFAULTS['sglang_server_start_poll_interval']}"
+    )
 
 
 def test_start_limit_window_holds_burst_failed_starts(default_units) -> None:
@@ -171,9 +174,11 @@ def test_overrides_reach_the_unit(tmp_path: Path) -> None:
         sglang_server_stop_timeout=60,
         sglang_server_restart_sec=10,
         sglang_server_start_limit_burst=4,
+        sglang_server_start_poll_interval=0.2,
     )
     values = settings(units["gpu0"])
-    assert "--threshold-mib 2048 --timeout 45 " in values["ExecStartPre"][0]
+    assert "--threshold-mib 2048 --timeout 45 --interval 0.2 " in values["ExecStartPre"][0]
+    assert values["ExecStartPost"][0].endswith("--timeout 120 --interval 0.2")
     assert values["TimeoutStartSec"] == ["165"]
     assert values["StartLimitBurst"] == ["4"]
     assert values["StartLimitIntervalSec"] == [str(4 * (165 + 60 + 10))]
