@@ -45,6 +45,7 @@ ROLE_ONLY = {
     "manage_os_packages",
     "build_isolation",
     "pip_download_args",
+    "build_cache_dir",
     "extra_config",
     "service_enabled",
     "service_state",
