@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run `make <stage>` for each stage given, keep going after a failure (except set-up, which the
-# others need), and end with what failed and one summary line per stage with its wall time.
+# others need), and end with what failed and one summary line per stage with its wall time (and
+# one per Molecule scenario).
 #
 # Each stage's output goes to the terminal and to $STAGES_LOG_DIR/<stage>.log (default
 # .cache/stages). A failed stage's last lines (pytest's short summary, Molecule's failing task)
@@ -56,6 +57,13 @@ if [ -n "$flaky" ]; then
 fi
 echo
 echo "=== summary ==="
-for r in "${results[@]}"; do echo "stage $r"; done
+for r in "${results[@]}"; do
+  echo "stage $r"
+  # Each Molecule scenario's wall time (make molecule prints one line per scenario).
+  if [[ "$r" == molecule* ]]; then
+    sed -n 's/^--- molecule scenario \([a-z_]*\): \([0-9]*\)s$/\1 \2/p' "$log_dir/molecule.log" \
+      | while read -r name secs; do printf '  scenario %-12s %4dm%02ds\n' "$name" $((secs / 60)) $((secs % 60)); done
+  fi
+done
 printf 'stage %-10s %-7s %4dm%02ds\n' total "$([ $status = 0 ] && echo ok || echo FAILED)" $((total / 60)) $((total % 60))
 exit $status

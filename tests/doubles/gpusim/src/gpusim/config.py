@@ -35,8 +35,20 @@ FAULT_KINDS = (
 
 NVSMI_MODES = ("ok", "driver_not_loaded", "library_mismatch", "garbled")
 
+# The timing presets. "test" (the default) is DEFAULTS["timing"]: a server starts in seconds and
+# frees its memory a few seconds after death, so the Molecule scenarios run fast; "reference" takes
+# the real servers' order of magnitude from the reference, for the demo and the benches: weights,
+# pools and CUDA graphs load for minutes (§2.1 step 4), a killed process stays in GPU teardown for
+# more than 30 s (GB300, §8), and its memory is released seconds after (§8). Keys given under
+# `timing` win over the preset's.
+TIMING_PRESETS: dict[str, dict[str, float]] = {
+    "test": {},
+    "reference": {"startup_s": 120.0, "release_delay_s": 10.0, "teardown_s": 30.0},
+}
+
 DEFAULTS: dict[str, Any] = {
     "sglang_version": "0.5.23",
+    "timing_preset": "test",
     "uuid_seed": None,
     "devices_dir": "/dev",
     "pid_namespace_offset": 0,
@@ -196,7 +208,11 @@ class Config:
 
     def __init__(self, raw: dict[str, Any], source: str | None = None):
         self.source = source
-        self.data = _merge(DEFAULTS, raw)
+        preset = raw.get("timing_preset", DEFAULTS["timing_preset"])
+        if preset not in TIMING_PRESETS:
+            raise ConfigError(f"timing_preset must be one of {', '.join(TIMING_PRESETS)}")
+        base = _merge(DEFAULTS, {"timing": TIMING_PRESETS[preset]})
+        self.data = _merge(base, raw)
         self.version = Version.of(str(self.data["sglang_version"]))
         if self.version.v < (0, 5, 9):
             raise ConfigError(f"sglang_version {self.version} is older than 0.5.9")
