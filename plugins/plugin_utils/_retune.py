@@ -284,9 +284,10 @@ class Retune:
                 record_relaunch_failed(self.results[name])
         return not failed and len(stopped) == len(wave)
 
-    def _stop_and_release(self, names: list[str]) -> list[str]:
+    def _stop_and_release(self, names: list[str], rollback: bool = False) -> list[str]:
         """Stop, prove dead, prove GPU memory free. Returns the instances ready to start; the
-        others are failed closed (never relaunched blindly)."""
+        others are failed closed (never relaunched blindly). A wedged instance is stopped
+        without waiting for a drain (the agent's stop); the new process of a rollback is not."""
         stop = self._phase_or_fail(
             "stop",
             names,
@@ -298,6 +299,7 @@ class Retune:
             },
             state="unknown",
             consequence="state unknown, not relaunched",
+            per_instance=lambda n: {"wedged": bool(self.results[n].get("wedged")) and not rollback},
         )
         if stop is None:
             return []
@@ -368,7 +370,7 @@ class Retune:
         if not can:
             return
         why = {n: self.results[n].get("msg") for n in can}
-        stopped = self._stop_and_release(can)
+        stopped = self._stop_and_release(can, rollback=True)
         healthy = set(self._start(stopped, rollback=True))
         for name in can:
             record_rollback(self.results[name], name in healthy, why[name])

@@ -529,6 +529,14 @@ def test_a_wedged_instance_to_change_is_relaunched_in_its_wave_with_its_siblings
     ]
     assert out["msg"] == "4 relaunched; " + out["wedged"][0]
     assert [r["wedged"] for r in out["instances"] if r["name"] != "gpu2"] == [[], [], []]
+    # The agent stops the wedged one without waiting for a drain; the others get the drain deadline.
+    stops = [payload for op, _, payload in host.calls if op == "stop"]
+    assert {n: p["wedged"] for stop in stops for n, p in stop.items()} == {
+        "gpu0": False,
+        "gpu1": False,
+        "gpu2": True,
+        "gpu3": False,
+    }
 
 
 def test_a_wedged_instance_with_the_desired_settings_is_named_and_untouched() -> None:
