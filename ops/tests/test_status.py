@@ -164,3 +164,24 @@ def test_no_inspection_is_an_error(rec: Any) -> None:
 def test_metrics_take_the_largest_series() -> None:
     text = 'sglang:token_usage{tp_rank="0"} 0.5\nsglang:token_usage{tp_rank="1"} 0.75\nsglang:other 3\n# comment\n'
     assert parse_metrics(text) == {"token_usage": 0.75}
+
+
+class _ReaderGone(io.StringIO):
+    """A stdout whose reader has gone (`sglang-fleet-ops status | head`): every write fails."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("no descriptor")
+
+
+def test_a_reader_that_goes_away_costs_the_output_not_the_status_or_the_artifacts(rec: Any, project: Path) -> None:
+    runner = rec.FakeRunner([rec.run_of(rec.events("status_events"), ident="status")])
+    err = io.StringIO()
+    code = cli.main(["status", "--project-dir", str(project)], runner=runner, out=_ReaderGone(), err=err)
+    assert code == 2, err.getvalue()  # gpu1 runs other settings than the inventory's, as without the pipe
+    assert "stdout was closed by its reader; the rest of the output is dropped" in err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    summaries = list((project / ".sglang-fleet-ops" / "runs").glob("*-status/summary.json"))
+    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["exit"] == 2
