@@ -360,6 +360,8 @@ def cmd_status(a: argparse.Namespace) -> int:
     )
     for url, ep in st.get("endpoints", {}).items():
         print(f"  {url}: {ep['state']}, {ep['in_flight']}/{ep['concurrency']} in flight, errors {ep['errors']}")
+        if ep["state"] == "stalled":
+            print(f"    STALLED: {ep.get('reason')}")
     if st.get("s3"):
         print(
             f"  s3: {st['s3']['uploaded']} uploaded this run, {st['s3']['pending']} pending, "

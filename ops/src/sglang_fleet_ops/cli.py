@@ -1,8 +1,8 @@
 """sglang-fleet-ops: plan, apply, drift, status and tuning advice of an sglang-fleet, as data.
 
 Exit statuses: 0 nothing to do / done / all good; 2 changes pending (plan), drift found (drift),
-an instance not running its desired settings healthy (status); 1 error; 3 apply refused: the
-saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
+an instance not running its desired settings healthy, or a client's endpoint stalled (status); 1 error;
+3 apply refused: the saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
 run holds the fleet lock. advise: 0 advice produced, 1 error. Every command writes ``summary.json``
 and ``summary.md`` in its run dir and prints ``artifacts: <run dir>`` as its last line. A reader of
 stdout that goes away (``... | head``) drops the rest of the output, said once on stderr; the command
