@@ -15,6 +15,7 @@ from typing import Any
 from fleetkit import (
     FAST_SIM,
     Simulator,
+    cli,
     free_port,
     generate_args,
     read_records,
@@ -102,6 +103,9 @@ def test_a_stalled_server_is_named_routed_around_probed_and_taken_back(tmp_path:
             done_at_stall = st["done"]
             # The others keep the job going, and a verify during the stall is exact.
             wait_for(lambda: read_status(out).get("done", 0) >= done_at_stall + 200, 60, what="the job to go on")
+            # Paused (requests in flight finish, nothing new is sent) so that work is left for the
+            # relaunched server; the stalled endpoint is still probed meanwhile.
+            assert cli("control", "--output", str(out), "--pause").returncode == 0
             verify_in_progress(prompts, out)
             assert read_status(out)["endpoints"][hung.url]["state"] == "stalled"  # probed, not trusted
             # The server is relaunched without the fault (the retune heals it): taken back.
@@ -111,13 +115,12 @@ def test_a_stalled_server_is_named_routed_around_probed_and_taken_back(tmp_path:
             )
             sim.launch(2, hung_port, "--max-running-requests", "16")
             wait_for(
-                lambda: (
-                    any(e.get("event") == "up" and e.get("url") == hung.url for e in events(endpoint_log)[-20:])
-                    or read_status(out).get("state") in ("done", "stopped")
-                ),
+                lambda: [e for e in events(endpoint_log) if e.get("url") == hung.url][-1]["event"] == "up",
                 60,
                 what="the relaunched server to be taken back",
             )
+            assert read_status(out)["done"] < 2500  # work is left for it
+            assert cli("control", "--output", str(out), "--resume").returncode == 0
             assert client.wait(120) == 0, (tmp_path / "client.log").read_text()[-3000:]
         finally:
             stop_process(client)
