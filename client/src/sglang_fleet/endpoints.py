@@ -358,7 +358,10 @@ class Endpoint:
     async def _recover_stalled(self, probe: GenerationProbe) -> None:
         delays = self.probe_backoff.delays()
         while self.state == "stalled" and not self.drained:
-            ok, reason = await probe()
+            try:
+                ok, reason = await probe()
+            except Exception as e:  # a probe that broke says nothing about the server: try again
+                ok, reason = False, f"probe failed: {e!r}"
             if self.state != "stalled" or self.drained:
                 return  # drained (a retune relaunching it) or taken out meanwhile: that decides
             if ok:
