@@ -138,3 +138,38 @@ def test_default_factor_keeps_a_few_requests_waiting_at_each_server(tmp_path: Pa
         r = cli(*generate_args(prompts, tmp_path / "out1", srv.url))
         assert r.returncode == 0, r.stderr
         assert srv.server.max_running == 16
+
+
+def test_a_stalled_endpoint_is_probed_until_a_generation_completes_or_it_goes_away() -> None:
+    async def body() -> None:
+        srv = FakeServer(Behaviour(capacity=4))
+        port = await srv.start()
+        ep = _endpoint(f"http://127.0.0.1:{port}")
+        events: list[str] = []
+        ep.on_event = lambda _ep, event: events.append(event)
+        ep.mark_up()
+        answers = [(False, "a one-token generation did not finish within 1.0s"), (True, "ok")]
+
+        async def probe() -> tuple[bool | None, str]:
+            return answers.pop(0)
+
+        assert ep.stall("no completion for 9.0s", probe) is True
+        assert (ep.state, ep.usable, ep.stalls) == ("stalled", False, 1)
+        assert ep.stall("again", probe) is False  # only an endpoint in use stalls
+        await asyncio.wait_for(ep.wait_up(), 10)  # the second probe completed: taken back
+        assert ep.state == "up" and answers == [] and events == ["up", "stalled", "capacity", "up"]
+        assert ep.snapshot()["intervals"][-1]["why"] == "stalled"
+
+        # A probe refused (the server relaunched): an endpoint down, probed for health as usual.
+        async def refused() -> tuple[bool | None, str]:
+            return None, "connection refused"
+
+        events.clear()
+        ep.stall("no completion for 9.0s", refused)
+        await asyncio.wait_for(ep.wait_up(), 10)  # the fake server answers /health
+        assert events[:2] == ["stalled", "down"] and events[-1] == "up"
+        assert ep.snapshot()["intervals"][-1]["why"] == "down"
+        await ep.close()
+        await srv.stop()
+
+    asyncio.run(body())

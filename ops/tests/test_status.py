@@ -69,6 +69,7 @@ def test_status_json_per_instance_and_client(rec: Any, project: Path) -> None:
         "completion_tokens_per_s": 12800.0,
         "eta_s": 6246,
         "error": None,
+        "stalled": {},
     }
     assert status["not_ok"] == ["gpu-a/gpu1"]
 
@@ -164,3 +165,47 @@ def test_no_inspection_is_an_error(rec: Any) -> None:
 def test_metrics_take_the_largest_series() -> None:
     text = 'sglang:token_usage{tp_rank="0"} 0.5\nsglang:token_usage{tp_rank="1"} 0.75\nsglang:other 3\n# comment\n'
     assert parse_metrics(text) == {"token_usage": 0.75}
+
+
+class _ReaderGone(io.StringIO):
+    """A stdout whose reader has gone (`sglang-fleet-ops status | head`): every write fails."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("no descriptor")
+
+
+def test_a_reader_that_goes_away_costs_the_output_not_the_status_or_the_artifacts(rec: Any, project: Path) -> None:
+    runner = rec.FakeRunner([rec.run_of(rec.events("status_events"), ident="status")])
+    err = io.StringIO()
+    code = cli.main(["status", "--project-dir", str(project)], runner=runner, out=_ReaderGone(), err=err)
+    assert code == 2, err.getvalue()  # gpu1 runs other settings than the inventory's, as without the pipe
+    assert "stdout was closed by its reader; the rest of the output is dropped" in err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    summaries = list((project / ".sglang-fleet-ops" / "runs").glob("*-status/summary.json"))
+    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["exit"] == 2
+
+
+def with_client_status(evts: list[dict[str, Any]], **fields: Any) -> list[dict[str, Any]]:
+    """The recorded status file of the host's generation client, with ``fields`` changed."""
+    import base64  # noqa: PLC0415
+
+    files = [e for e in evts if e["event_data"]["task"] == "Read the status file of each generation client"]
+    for e in files:
+        for item in e["event_data"]["res"].get("results") or []:
+            if item.get("content"):
+                st = json.loads(base64.b64decode(item["content"]))
+                st.update(fields)
+                item["content"] = base64.b64encode(json.dumps(st).encode()).decode()
+    return evts
+
+
+def test_a_stalled_endpoint_of_a_client_is_named_and_not_ok(rec: Any, project: Path) -> None:
+    why = "no completion for 412.0s with 40 request(s) in flight while other endpoints completed (threshold 400.0s)"
+    evts = with_client_status(all_desired(rec), stalled={"http://127.0.0.1:30002": why})
+    code, out, _, _ = run_cli(rec, project, ["status"], rec.run_of(evts, ident="status"))
+    assert code == 2
+    assert f"  STALLED http://127.0.0.1:30002: {why}" in out.splitlines()
+    assert "NOT OK gpu-a/sglang-fleet-generate.service: endpoint http://127.0.0.1:30002 stalled" in out

@@ -98,6 +98,9 @@ def instance_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]
             note = (f"waited {inst['teardown_s']:.1f}s for processes in teardown after SIGKILL; " + note).strip("; ")
         if inst.get("escalated"):
             note = ("SIGKILL after stop deadline; " + note).strip("; ")
+        if inst.get("wedged") and inst.get("action") != "unhealthy":
+            # The unhealthy one's reasons say it already; a relaunched one says what hung.
+            note = (f"was wedged ({'; '.join(inst['wedged'])}); " + note).strip("; ")
         rows.append(
             (
                 f"{host}/{inst.get('name')}",

@@ -113,7 +113,16 @@ options:
     type: bool
     default: true
   force:
-    description: Relaunch instances even when unchanged.
+    description: Relaunch instances even when unchanged (a wedged one included).
+    type: bool
+    default: false
+  relaunch_wedged:
+    description:
+      - Relaunch a wedged instance (its C(/health) or C(/server_info) does not answer within
+        O(http_timeout)) whose command line and environment are already the desired ones.
+      - Without it such an instance is named unhealthy, left as it is, and the host fails; its
+        siblings are retuned as usual. A wedged instance whose settings differ is relaunched in its
+        wave either way.
     type: bool
     default: false
   client_units:
@@ -174,7 +183,8 @@ options:
     description:
       - Timeout of each C(/health) and C(/server_info) request. A running instance whose endpoint
         does not answer within it (C(/server_info) hangs when a scheduler is stuck or gone) is
-        left as it is and blocks the host, naming the endpoint, unless O(force) is set.
+        wedged, and is relaunched in its wave when its settings (read from C(/proc)) differ, else named
+        unhealthy and left as it is unless O(relaunch_wedged) or O(force) is set.
     type: float
     default: 30
   pct:
@@ -223,16 +233,23 @@ elapsed:
   type: float
 instances:
   description:
-    - Per instance - C(action) (unchanged, relaunched, started, rolled_back, failed, skipped; in
+    - Per instance - C(action) (unchanged, relaunched, started, rolled_back, failed, skipped, unhealthy; in
       check mode would_relaunch, would_start), C(reasons), C(state) (running, stopped, down,
       unverified), C(old_main_pid), C(new_main_pid), C(gpu_memory_before_mib),
       C(gpu_memory_released_mib), C(time_to_dead_s), C(time_to_release_s), C(time_to_healthy_s),
       C(relaunch_s) (wall time from the stop to proven health, round trips included),
       C(effective_max_running_requests_before), C(effective_max_running_requests_after),
-      C(flag_diff), C(killed) (PIDs signalled, with their command lines), C(escalated), C(msg).
+      C(flag_diff), C(killed) (PIDs signalled, with their command lines), C(escalated), C(msg),
+      C(wedged) (what of its own endpoints did not answer at inspect; empty when it answered).
   returned: always
   type: list
   elements: dict
+wedged:
+  description: Per wedged instance, what did not answer and what became of it (relaunched and how it
+    was stopped, or left as it is, unhealthy).
+  returned: when any
+  type: list
+  elements: str
 down:
   description: Instances left down (their GPUs idle) - the operator must act.
   returned: when any

@@ -28,6 +28,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_record im
     SKIPPED,
     STARTED,
     UNCHANGED,
+    UNHEALTHY,
     WOULD_RELAUNCH,
     WOULD_START,
     blocked_msg,
@@ -156,11 +157,17 @@ class Retune:
             n: decide(self.instances[n], facts.get(n, {"failed": True, "msg": "not inspected"}), self.check_mode)
             for n in self.order
         }
-        if self.opts.force:
-            for n, d in decisions.items():
-                if d.action == UNCHANGED or d.forceable:
-                    d.action, d.reasons = "relaunch", ["forced", *d.reasons]
-                    decisions[n] = unless_evidence_broken(d, facts.get(n, {}))
+        for n, d in decisions.items():
+            if d.action == UNHEALTHY and (self.opts.force or self.opts.relaunch_wedged):
+                asked = "sglang_retune_relaunch_wedged" if self.opts.relaunch_wedged else "sglang_retune_force"
+                d.action = "relaunch"
+                d.reasons = [
+                    f"wedged: {'; '.join(d.wedged)}",
+                    f"settings already desired; relaunched as asked ({asked})",
+                ]
+            elif d.action == UNCHANGED and self.opts.force:
+                d.action, d.reasons = "relaunch", ["forced", *d.reasons]
+                decisions[n] = unless_evidence_broken(d, facts.get(n, {}))
         for name in self.order:
             self.results[name] = initial_result(
                 name, self.instances[name], facts.get(name, {}), decisions[name], self.check_mode
@@ -170,7 +177,8 @@ class Retune:
             self._predict(facts, inspected.get("gpus") or {})
             return self._final(t0, failed_msg=blocked_msg(self.results, blocked) if blocked else None)
         if blocked:
-            # Bad evidence or something foreign in the way: touch nothing on this host.
+            # Bad evidence or something foreign in the way: touch nothing on this host. (A wedged
+            # instance is not blocked: it is relaunched, or named unhealthy, and the others go on.)
             for name in self.order:
                 if name not in blocked and decisions[name].action != UNCHANGED:
                     self.results[name].update(
@@ -276,9 +284,10 @@ class Retune:
                 record_relaunch_failed(self.results[name])
         return not failed and len(stopped) == len(wave)
 
-    def _stop_and_release(self, names: list[str]) -> list[str]:
+    def _stop_and_release(self, names: list[str], rollback: bool = False) -> list[str]:
         """Stop, prove dead, prove GPU memory free. Returns the instances ready to start; the
-        others are failed closed (never relaunched blindly)."""
+        others are failed closed (never relaunched blindly). A wedged instance is stopped
+        without waiting for a drain (the agent's stop); the new process of a rollback is not."""
         stop = self._phase_or_fail(
             "stop",
             names,
@@ -290,6 +299,7 @@ class Retune:
             },
             state="unknown",
             consequence="state unknown, not relaunched",
+            per_instance=lambda n: {"wedged": bool(self.results[n].get("wedged")) and not rollback},
         )
         if stop is None:
             return []
@@ -360,7 +370,7 @@ class Retune:
         if not can:
             return
         why = {n: self.results[n].get("msg") for n in can}
-        stopped = self._stop_and_release(can)
+        stopped = self._stop_and_release(can, rollback=True)
         healthy = set(self._start(stopped, rollback=True))
         for name in can:
             record_rollback(self.results[name], name in healthy, why[name])

@@ -1,8 +1,16 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
 """The retune's decision for one instance: is it serving its desired settings (unchanged), or is it
-to be relaunched, started, or left alone because the evidence does not allow touching it (blocked);
-and the flag diff behind a relaunch, in words. Pure functions over the inspect phase's facts.
+to be relaunched, started, left alone because the evidence does not allow touching it (blocked),
+or left alone and named because it is wedged while its settings are already the desired ones
+(unhealthy); and the flag diff behind a relaunch, in words. Pure functions over the inspect
+phase's facts.
+
+A *wedged* instance is one whose own /health or /server_info did not answer within the deadline
+(a scheduler stopped or stuck in a driver call) while the host's sources of evidence answered: what
+it runs is still read from /proc (command line, environment, user), and its relaunch is proven on
+the new process's endpoints, so it is healed like any other instance to relaunch. Only a broken
+host-wide source of evidence blocks the host.
 """
 
 from __future__ import annotations
@@ -15,17 +23,19 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings im
     describe_server_info,
     differences,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_record import UNCHANGED
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_record import UNCHANGED, UNHEALTHY
+
+RELAUNCH_WEDGED_VAR = "sglang_retune_relaunch_wedged"
 
 
 @dataclass
 class Decision:
     name: str
-    action: str  # UNCHANGED, "relaunch", "start" or "blocked"
+    action: str  # UNCHANGED, "relaunch", "start", "blocked" or UNHEALTHY
     reasons: list[str] = field(default_factory=list)
     flag_diff: dict[str, Any] = field(default_factory=dict)
-    # Blocked only because the running server does not answer: ``force`` relaunches it anyway.
-    forceable: bool = False
+    # What did not answer, when the instance is wedged (its own endpoints hang); empty otherwise.
+    wedged: list[str] = field(default_factory=list)
 
 
 def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bool) -> Decision:
@@ -58,24 +68,14 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
     if not facts.get("running"):
         state = f"{facts.get('active_state') or 'unknown'}/{facts.get('sub_state') or 'unknown'}"
         return unless_evidence_broken(Decision(name, "start", [f"not running (unit {state})"]), facts)
-    if facts.get("unanswered"):
-        return Decision(
-            name,
-            "blocked",
-            [
-                "; ".join(facts["unanswered"])
-                + ": its settings cannot be confirmed, so it is left as it is; to relaunch it anyway, "
-                "set sglang_retune_force=true (and sglang_retune_only to name it)"
-            ],
-            forceable=True,
-        )
-    reasons: list[str] = []
+    wedged = list(facts.get("unanswered") or [])
+    reasons: list[str] = [f"wedged: {'; '.join(wedged)}"] if wedged else []
     # The inspected facts are the running evidence: the host's verdicts on the command line and
     # environment it read (they hold secrets and never leave it), the user, and /server_info.
     answered = facts.get("server_info_status") == 200
     found = differences(instance, {**facts, "server_info": (facts.get("server_info") or {}) if answered else None})
     diff: dict[str, Any] = found["flag_diff"] or {}
-    if facts.get("health_status") != 200:
+    if facts.get("health_status") != 200 and not wedged:
         reasons.append(f"unhealthy: /health answered {facts.get('health_status') or facts.get('health_error')}")
     if found["flag_diff"] is not None:
         reasons.append("command line differs: " + describe_flag_diff(diff))
@@ -86,15 +86,30 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
         )
     if found["user"]:
         reasons.append(f"runs as {found['user']['running']}, desired {found['user']['expected']}")
-    if not answered:
+    if not answered and not wedged:
         reasons.append(
             f"cannot confirm its settings: /server_info answered {facts.get('server_info_status')} "
             f"({facts.get('server_info_error')})"
         )
     elif found["server_info"]:
         reasons.append(describe_server_info(found["server_info"], "desired"))
+    if wedged and len(reasons) == 1:
+        # Its settings, read from /proc, are the desired ones: a relaunch would change nothing but
+        # its health, which is the operator's call (the scheduler may be held on purpose).
+        return unless_evidence_broken(
+            Decision(
+                name,
+                UNHEALTHY,
+                [
+                    reasons[0] + ": its command line and environment (/proc) are the desired settings, so it is "
+                    f"left as it is; to relaunch it, set {RELAUNCH_WEDGED_VAR}=true (or sglang_retune_force=true)"
+                ],
+                wedged=wedged,
+            ),
+            facts,
+        )
     if reasons:
-        return unless_evidence_broken(Decision(name, "relaunch", reasons, diff), facts)
+        return unless_evidence_broken(Decision(name, "relaunch", reasons, diff, wedged=wedged), facts)
     return Decision(name, UNCHANGED, [])
 
 
@@ -105,12 +120,14 @@ def unless_evidence_broken(decision: Decision, facts: Mapping[str, Any]) -> Deci
     errors = facts.get("evidence_errors") or []
     if not errors:
         return decision
+    would = "be named unhealthy" if decision.action == UNHEALTHY else decision.action
     return Decision(
         decision.name,
         "blocked",
         [f"evidence the retune needs is broken, so nothing is stopped: {e.get('msg')}" for e in errors]
-        + [f"(would {decision.action}: {'; '.join(decision.reasons)})"],
+        + [f"(would {would}: {'; '.join(decision.reasons)})"],
         decision.flag_diff,
+        wedged=decision.wedged,
     )
 
 

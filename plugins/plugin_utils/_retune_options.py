@@ -145,7 +145,17 @@ OPTIONS: tuple[Option, ...] = (
         "force",
         "bool",
         RETUNE,
-        "Relaunch instances even when unchanged, or when their /health or /server_info does not answer.",
+        "Relaunch instances even when unchanged (a wedged one included).",
+        default=False,
+    ),
+    _opt(
+        "relaunch_wedged",
+        "bool",
+        RETUNE,
+        "Relaunch a wedged instance (its /health or /server_info does not answer within http_timeout) whose "
+        "command line and environment are already the desired ones; without it such an instance is named "
+        "unhealthy, left as it is, and the host fails. A wedged instance whose settings differ is relaunched "
+        "in its wave either way.",
         default=False,
     ),
     _opt(
@@ -202,7 +212,8 @@ OPTIONS: tuple[Option, ...] = (
         "float",
         AGENT,
         "Timeout (seconds) of each /health and /server_info request; a running instance whose "
-        "endpoint does not answer within it is left as it is and blocks the host unless the retune is forced.",
+        "endpoint does not answer within it is wedged, relaunched when its settings differ, else named "
+        "unhealthy (see relaunch_wedged). Its siblings are retuned as usual.",
         default=30.0,
     ),
     _opt(
@@ -293,6 +304,7 @@ class Options:
     smoke_requests: int = default("smoke_requests")
     rollback: bool = default("rollback")
     force: bool = default("force")
+    relaunch_wedged: bool = default("relaunch_wedged")
     client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
     client_drain: bool = default("client_drain")
     client_drain_timeout: float = default("client_drain_timeout")

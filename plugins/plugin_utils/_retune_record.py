@@ -21,6 +21,8 @@ STARTED = "started"
 ROLLED_BACK = "rolled_back"
 FAILED = "failed"
 SKIPPED = "skipped"
+# Wedged (its own endpoints hang) while serving the desired settings: named, not touched.
+UNHEALTHY = "unhealthy"
 # Predictions in check mode.
 WOULD_RELAUNCH = "would_relaunch"
 WOULD_START = "would_start"
@@ -83,7 +85,28 @@ def initial_result(
         "has_last_good": bool(facts.get("has_last_good")),
         "running_argv": facts.get("argv"),
         "desired_argv": instance.get("argv"),
+        "wedged": decision.wedged,
     }
+
+
+def how_stopped(r: Mapping[str, Any]) -> str:
+    """How the stop phase ended an instance's processes, in words (from its record)."""
+    if r.get("escalated"):
+        how = "SIGTERM, then SIGKILL of its cgroup past the stop deadline"
+    else:
+        how = "SIGTERM (systemctl stop)"
+    signals = [f"PID {k.get('pid')} {k.get('signal')}" for k in r.get("killed") or []]
+    return how + (f"; survivors killed by PID: {', '.join(signals)}" if signals else "")
+
+
+def wedged_words(r: Mapping[str, Any]) -> str:
+    """What the summary says of a wedged instance: what did not answer, and what became of it."""
+    what = f"{r['name']} was wedged ({'; '.join(r['wedged'])})"
+    if r["action"] in (RELAUNCHED, ROLLED_BACK):
+        return f"{what}: relaunched, stopped by {how_stopped(r)}"
+    if r["action"] == UNHEALTHY:
+        return f"{what}: serves the desired settings, left as it is (UNHEALTHY)"
+    return f"{what}: {r['action']}"
 
 
 def record_stop(r: dict[str, Any], res: Mapping[str, Any]) -> bool:
@@ -218,6 +241,9 @@ def host_report(
     unverified = [r["name"] for r in instances if r.get("state") == "unverified"]
     if unverified:
         result["unverified"] = unverified
+    wedged = [wedged_words(r) for r in instances if r.get("wedged")]
+    if wedged:
+        result["wedged"] = wedged
     result["clients"] = clients.report() if clients else []
     result["clients_stopped"] = clients.stopped() if clients else []
     notes = (clients.notes() if clients else []) + host_notes
@@ -233,13 +259,15 @@ def host_report(
     if failed_msg:
         result["failed"] = True
         result["msg"] = failed_msg + (f" — DOWN: {', '.join(down)}" if down else "")
-    elif any(r["action"] in (FAILED, ROLLED_BACK) for r in instances):
+    elif any(r["action"] in (FAILED, ROLLED_BACK, UNHEALTHY) for r in instances):
         result["failed"] = True
         result["msg"] = "; ".join(
-            f"{r['name']}: {r.get('msg')}" for r in instances if r["action"] in (FAILED, ROLLED_BACK)
+            f"{r['name']}: {r.get('msg') or ' '.join(r['reasons'])}"
+            for r in instances
+            if r["action"] in (FAILED, ROLLED_BACK, UNHEALTHY)
         )
     else:
-        result["msg"] = ok_msg(instances)
+        result["msg"] = "; ".join([ok_msg(instances), *wedged])
     if check_mode:
         result["diff"] = [
             {

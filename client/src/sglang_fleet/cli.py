@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_origin
 
 from sglang_fleet import __version__
+from sglang_fleet.closedpipe import guarded_stdout
 from sglang_fleet.config import (
     S3_CONNECTION_GROUP,
     SETTING,
@@ -170,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--in-progress",
         action="store_true",
         help="the job is still running: ids not done yet are not an error (nor an open shard's record being "
-        "written); doubled, unexpected and damaged records still are",
+        "written), and a shard closed, uploaded or deleted while it is read is read where it went; doubled, "
+        "unexpected and damaged records still are",
     )
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_s3_client_args(v)
@@ -247,6 +249,17 @@ def cmd_verify(a: argparse.Namespace) -> int:
     except (VerifyError, PromptFileError, ValueError) as e:
         log.error("%s", e)
         return 2
+    except OSError as e:
+        # Not a file the running job renamed or deleted (those are found where they went): one
+        # that cannot be read at all (permissions, the prompts file gone).
+        log.error("cannot read: %s", e)
+        return 2
+    except Exception as e:
+        if not a.s3_uri:
+            raise
+        # S3 closed the connection or stopped answering while a shard was read: no verdict.
+        log.error("cannot read %s: %s", a.s3_uri, describe_error(e))
+        return 2
     if a.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -287,9 +300,12 @@ def cmd_control(a: argparse.Namespace) -> int:
         return 2
     path = a.control_file or a.output / "control.json"
     try:
-        current = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
+        current = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
         current = {}
+    except OSError as e:
+        log.error("cannot read %s: %s", path, e)
+        return 2
     if a.concurrency is not None:
         try:
             value = parse_concurrency(a.concurrency)
@@ -344,6 +360,8 @@ def cmd_status(a: argparse.Namespace) -> int:
     )
     for url, ep in st.get("endpoints", {}).items():
         print(f"  {url}: {ep['state']}, {ep['in_flight']}/{ep['concurrency']} in flight, errors {ep['errors']}")
+        if ep["state"] == "stalled":
+            print(f"    STALLED: {ep.get('reason')}")
     if st.get("s3"):
         print(
             f"  s3: {st['s3']['uploaded']} uploaded this run, {st['s3']['pending']} pending, "
@@ -363,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         "control": cmd_control,
         "status": cmd_status,
     }
-    return handlers[a.command](a)
+    with guarded_stdout("sglang-fleet"):
+        return handlers[a.command](a)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,20 @@ class GenerateConfig:
         default=3600.0,
         metadata=doc("seconds one request may take before it counts as a failed attempt", group=_CONCURRENCY_GROUP),
     )
+    # A server can accept requests and stop producing, /health still 200 (after a relaunch on the same
+    # port, after hours of load): without this, each request sent there waits request_timeout.
+    stall_factor: float = field(
+        default=4.0,
+        metadata=doc(
+            "an endpoint that completes nothing for this many times its longest recent request, while the others "
+            "complete, is stalled: its requests go elsewhere until a probe completes there; 0: never",
+            group=_CONCURRENCY_GROUP,
+        ),
+    )
+    stall_min_s: float = field(
+        default=60.0,
+        metadata=doc("the shortest silence that counts as a stall, seconds", group=_CONCURRENCY_GROUP),
+    )
     connect_timeout: float = field(
         default=10.0, metadata=doc("seconds to open a connection to an endpoint", group=_CONCURRENCY_GROUP)
     )
@@ -540,12 +554,13 @@ def validate(cfg: GenerateConfig) -> None:
         "backoff_base",
         "backoff_max",
         "shard_seconds",
+        "stall_min_s",
         "fsync_interval",
         "status_interval",
         "progress_interval",
     ):
         _positive(name, getattr(cfg, name))
-    for name in ("startup_timeout", "drain_timeout"):
+    for name in ("startup_timeout", "drain_timeout", "stall_factor"):
         _positive(name, getattr(cfg, name), allow_zero=True)
     for name in ("max_attempts", "shard_records", "default_concurrency"):
         v = getattr(cfg, name)

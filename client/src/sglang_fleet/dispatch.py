@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sglang_fleet import stall
 from sglang_fleet.config import GenerateConfig
 from sglang_fleet.control import EXIT_ENDPOINTS, EXIT_FAILURES, EXIT_OK, FatalError, RunControl
 from sglang_fleet.endpoints import PROBE_INTERVAL_MAX, Endpoint
@@ -156,6 +157,7 @@ class Dispatcher:
             # Counted in flight from here, synchronously: a drain that comes before the task first
             # runs must wait for it.
             task = asyncio.create_task(self._attempt(ep, item))
+            ep.note_sent()
             ep.in_flight += 1
             ep.peak_in_flight = max(ep.peak_in_flight, ep.in_flight)
             self.inflight[task] = (ep, item)
@@ -212,6 +214,43 @@ class Dispatcher:
             await asyncio.wait(left)  # a cancelled attempt ends at its next step
         return sum(1 for t in left if t.cancelled())
 
+    # ------------------------------------------------------------------ stalls
+    async def watch_stalls(self) -> None:
+        """Until the run stops: route around an endpoint that stalls (stall.py)."""
+        cfg = self.cfg
+        await stall.watch(self.endpoints, cfg.stall_factor, cfg.stall_min_s, self.on_stalled, self.control.stop)
+
+    def on_stalled(self, ep: Endpoint, reason: str) -> None:
+        """Stop sending to ``ep``, cancel what is in flight there and requeue it for the others (no
+        record was written for a cancelled attempt, so each prompt is still done once), and probe
+        it with a generation that may take as long as the threshold it was judged by."""
+        timeout = stall.stall_threshold(ep, self.endpoints, self.cfg.stall_factor, self.cfg.stall_min_s)
+        probe_timeout = timeout if timeout is not None else self.cfg.stall_min_s
+        if not ep.stall(reason, lambda: self._generation_probe(ep, probe_timeout)):
+            return
+        tasks = [t for t, (e, _) in self.inflight.items() if e is ep]
+        for t in tasks:
+            self.inflight[t][1].abandoned = True
+            t.cancel()
+        ep.requeued_on_stall += len(tasks)
+        log.warning("%s: %d request(s) in flight there requeued for the other endpoints", ep.url, len(tasks))
+
+    async def _generation_probe(self, ep: Endpoint, timeout: float) -> tuple[bool | None, str]:
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await ep.pool.request(
+                    "POST", self.builder.path, body=self.builder.probe_body(), headers=self._headers
+                )
+        except TimeoutError:
+            return False, f"a one-token generation did not finish within {timeout:.1f}s"
+        except (ConnectError, ConnectionLost) as e:
+            return None, str(e)
+        except HTTPError as e:
+            return False, f"bad HTTP answer: {e}"
+        if resp.status != 200:
+            return False, f"a one-token generation answered HTTP {resp.status}"
+        return True, "ok"
+
     async def _attempt(self, ep: Endpoint, item: WorkItem) -> None:
         body = self.builder.body(item.prompt)
         item.sends += 1
@@ -266,6 +305,7 @@ class Dispatcher:
         self.store.append_record(item.prompt.id, line)
         self.stats.succeeded += 1
         ep.completed += 1
+        ep.note_completed(latency)
         self._consecutive_failures = 0
         if comp.usage:
             self.stats.prompt_tokens += int(comp.usage.get("prompt_tokens") or 0)

@@ -9,6 +9,10 @@ its server): nothing new is sent to it, it is not probed, and its errors count a
 drain ends with a resume, another drain, or its lease; the endpoint then proves itself with
 ``/health`` and ``/server_info`` before it is used again.
 
+An endpoint is *stalled* when it accepts requests and completes none (``stall.py`` decides from its
+recent completion times): nothing is sent to it, and one task sends it a small generation now and
+then; when one completes it is used again. /health is no proof here: a stalled server answers it.
+
 Each endpoint keeps, cheaply (work at state changes only), how long it served and how long it did
 not since it was first up, and its last not-serving intervals, for status.json and the endpoint log.
 """
@@ -21,7 +25,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sglang_fleet.backoff import Backoff
@@ -38,10 +42,16 @@ RESUME_TIMEOUT_S = 30.0
 _RESUME_BACKOFF = Backoff(0.2, 2.0)
 # Not-serving intervals kept per endpoint (status.json).
 INTERVALS_KEPT = 100
+# Recent request latencies kept per endpoint: the stall threshold is derived from them.
+LATENCIES_KEPT = 64
+
+# A generation probe of a stalled endpoint: True it completed, False it did not (timed out, an
+# error answer), None the server is away (connection refused or lost); and why.
+GenerationProbe = Callable[[], Awaitable[tuple[bool | None, str]]]
 
 # The capacity ledger's segments: before the first "up" nothing counts; then the endpoint is serving
 # (up and not drained) or not (drained, or down/starting/disabled).
-_PRE, _SERVING, _DRAINED, _DOWN = "pre", "serving", "drained", "down"
+_PRE, _SERVING, _DRAINED, _DOWN, _STALLED = "pre", "serving", "drained", "down", "stalled"
 
 
 class AdjustableLimiter:
@@ -145,6 +155,14 @@ class Endpoint:
         self.errors: collections.Counter[str] = collections.Counter()
         self.down_since: float | None = None
         self.relaunches_seen = 0
+        # Completions (stall.py): recent latencies, the last completion, and the start of the
+        # current silence (a completion, the endpoint coming up, or its first request after idling).
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCIES_KEPT)
+        self.last_completion_at: float | None = None
+        self.progress_at = time.monotonic()
+        self.stalls = 0
+        self.stalled_since: float | None = None
+        self.requeued_on_stall = 0
         # Called with (endpoint, event) at each state change: up, down, drained, resumed, capacity.
         self.on_event: Callable[[Endpoint, str], None] | None = None
         # Drains (control socket).
@@ -211,7 +229,7 @@ class Endpoint:
         elif self._segment == _PRE:
             return  # not up yet since the run started: nothing lost so far
         else:
-            segment = _DRAINED if self.drained else _DOWN
+            segment = _DRAINED if self.drained else _STALLED if self.state == "stalled" else _DOWN
         if segment == self._segment:
             return
         now = time.monotonic()
@@ -298,18 +316,71 @@ class Endpoint:
 
     def mark_up(self) -> None:
         if self.state != "up":
-            if self.down_since is not None:
+            if self.stalled_since is not None:
+                log.info("%s: completes again after a stall of %.1fs", self.url, time.monotonic() - self.stalled_since)
+            elif self.down_since is not None:
                 log.info("%s: back up after %.1fs", self.url, time.monotonic() - self.down_since)
             self.state = "up"
             self.state_reason = ""
             self.down_since = None
+            self.stalled_since = None
+            self.progress_at = time.monotonic()
             self._changed()
             self._emit("up")
 
+    # ------------------------------------------------------------------ completions and stalls
+    def note_sent(self) -> None:
+        """A request is sent: the first after the endpoint idled starts a new silence."""
+        if self.in_flight == 0:
+            self.progress_at = time.monotonic()
+
+    def note_completed(self, latency: float) -> None:
+        now = time.monotonic()
+        self.latencies.append(latency)
+        self.last_completion_at = now
+        self.progress_at = now
+
+    def stall(self, reason: str, probe: GenerationProbe) -> bool:
+        """Stop sending here (the caller requeues what is in flight) and probe with generations
+        until one completes. Only an endpoint in use stalls; returns whether this one did."""
+        if not self.usable:
+            return False
+        log.warning("%s: stalled (%s); its requests go to the other endpoints", self.url, reason)
+        self.state = "stalled"
+        self.state_reason = reason
+        self.stalled_since = time.monotonic()
+        self.stalls += 1
+        self._changed()
+        self._emit("stalled")
+        self._probe_task = asyncio.create_task(self._recover_stalled(probe), name=f"stall probe {self.url}")
+        return True
+
+    async def _recover_stalled(self, probe: GenerationProbe) -> None:
+        delays = self.probe_backoff.delays()
+        while self.state == "stalled" and not self.drained:
+            try:
+                ok, reason = await probe()
+            except Exception as e:  # a probe that broke says nothing about the server: try again
+                ok, reason = False, f"probe failed: {e!r}"
+            if self.state != "stalled" or self.drained:
+                return  # drained (a retune relaunching it) or taken out meanwhile: that decides
+            if ok:
+                await self.refresh_capacity()
+                self.mark_up()
+                return
+            if ok is None:
+                # The server is away (relaunched, crashed): probed for health as any endpoint down.
+                self._probe_task = None
+                self._go_down(reason)
+                return
+            self.state_reason = f"{self.state_reason.split('; probe: ')[0]}; probe: {reason}"
+            await asyncio.sleep(next(delays))
+
     def mark_down(self, reason: str) -> None:
         """Stop sending here and start probing, once (many failing requests call this together).
-        A drained endpoint is left alone: its server is being relaunched, and its resume checks it."""
-        if self.state in ("down", "disabled") or self.drained:
+        A drained endpoint is left alone: its server is being relaunched, and its resume checks it;
+        a stalled one too (its requests were requeued and end in errors; its probe decides)."""
+        if self.state in ("down", "disabled", "stalled") or self.drained:
             return
         self._go_down(reason)
 
@@ -320,6 +391,7 @@ class Endpoint:
             self.relaunches_seen += 1
         self.state = "down"
         self.state_reason = reason
+        self.stalled_since = None
         if not was_down:
             self.down_since = time.monotonic()
         self._changed()
@@ -456,6 +528,10 @@ class Endpoint:
             "outages": self.relaunches_seen,
             "errors": dict(self.errors),
             "down_for_s": round(time.monotonic() - self.down_since, 1) if self.down_since else None,
+            "stalls": self.stalls,
+            "requeued_on_stall": self.requeued_on_stall,
+            "stalled_for_s": round(time.monotonic() - self.stalled_since, 1) if self.stalled_since else None,
+            "longest_recent_latency_s": round(max(self.latencies), 3) if self.latencies else None,
             **self.ledger(),
             "drains": self.drains,
             "intervals": [dict(i) for i in self.intervals],

@@ -172,6 +172,7 @@ class Generator:
             self._spawn(self.uploads.loop(), "s3")
         if needs_endpoints:
             await self.dispatcher.start_endpoints()
+            self._spawn(self.dispatcher.watch_stalls(), "stall watch")
         control.state = "running"
         self._generation_started = time.monotonic()
         dispatchers = [

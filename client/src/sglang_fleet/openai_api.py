@@ -84,6 +84,16 @@ class RequestBuilder:
             body["prompt"] = prompt.text
         return COMPACT_JSON.encode(body).encode("utf-8", "surrogatepass")
 
+    def probe_body(self) -> bytes:
+        """A one-token generation: does a stalled server complete anything again?"""
+        body = {k: v for k, v in self.base.items() if k != "seed"}
+        body["max_tokens"] = 1
+        if self.api == "chat":
+            body["messages"] = [{"role": "user", "content": "ping"}]
+        else:
+            body["prompt"] = "ping"
+        return COMPACT_JSON.encode(body).encode("utf-8", "surrogatepass")
+
 
 @dataclass(slots=True)
 class Completion:

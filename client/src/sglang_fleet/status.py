@@ -102,6 +102,8 @@ class StatusReporter:
             "errors": dict(s.errors),
             "control_socket": self.cfg.control_socket or None,
             "endpoints": {ep.url: ep.snapshot() for ep in self.endpoints},
+            # Endpoints that accept requests and complete none: their work goes to the others.
+            "stalled": {ep.url: ep.state_reason for ep in self.endpoints if ep.state == "stalled"},
             "shards": {
                 "closed": len(self.store.closed_shards()),
                 "open_records": self.store.open_records,
@@ -120,7 +122,8 @@ class StatusReporter:
 
 class EndpointLog:
     """The ``endpoint_log`` file: one JSON line per endpoint state change,
-    ``{"t": unix time, "url", "event": up|down|drained|resumed|capacity, "capacity": concurrency limit}``,
+    ``{"t": unix time, "url", "event": up|down|stalled|drained|resumed|capacity, "capacity": concurrency
+    limit}`` (a stalled event also has its ``reason``; the endpoint's next ``up`` is its return),
     and one when the client starts and when it stops (``{"t", "event": client_start|client_stop,
     "pid"}``: no endpoint is served in between), appended with one ``write()`` each (state changes
     are rare; requests write nothing here)."""
@@ -133,7 +136,10 @@ class EndpointLog:
         self._append({"t": round(time.time(), 3), "event": "client_start", "pid": os.getpid()})
 
     def write(self, ep: Endpoint, event: str) -> None:
-        self._append({"t": round(time.time(), 3), "url": ep.url, "event": event, "capacity": ep.limiter.limit})
+        rec: dict[str, Any] = {"t": round(time.time(), 3), "url": ep.url, "event": event, "capacity": ep.limiter.limit}
+        if event == "stalled":
+            rec["reason"] = ep.state_reason
+        self._append(rec)
 
     def _append(self, rec: dict[str, Any]) -> None:
         if self._fd is None:

@@ -11,7 +11,7 @@ import json
 import logging
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any
 from sglang_fleet.ids import ShardSpec, id_digest
 from sglang_fleet.prompts import iter_prompts
 from sglang_fleet.s3sync import Layout, parse_s3_uri
-from sglang_fleet.store import iter_ids_file
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +30,21 @@ class VerifyError(Exception):
 
 @dataclass
 class Source:
-    """Where ids come from: a shard, a failures file, or an index of a shard whose data is gone."""
+    """Where ids come from: a shard, a failures file, or an index of a shard whose data is gone.
+
+    A source of a running job's output directory is found where it is when it is read
+    (``locate``): between the listing and the read the client may close an open shard (a rename),
+    upload it and delete it (``delete_local``); what ``locate`` returns is then the shard under its
+    new name or its index, already opened, or None when nothing of it is left to count."""
 
     name: str
     kind: str  # "shard" | "failures" | "index"
     lines: Iterable[bytes] | None = None
     ids: Iterable[str] | None = None
+    locate: Callable[[], Source | None] | None = None
+
+    def current(self) -> Source | None:
+        return self.locate() if self.locate is not None else self
 
 
 @dataclass
@@ -156,8 +164,11 @@ class Verifier:
         if len(self.report.unexpected) < self.show:
             self.report.unexpected.append((pid, where))
 
-    def add(self, source: Source) -> None:
+    def add(self, listed: Source) -> None:
         self.report.sources += 1
+        source = listed.current()
+        if source is None:
+            return
         n = 0
         if source.ids is not None:
             for pid in source.ids:
@@ -211,7 +222,10 @@ class Verifier:
         r.doubled = {i: [] for i in doubled}
         if doubled and sources is not None:
             wanted = set(doubled)
-            for s in sources:
+            for listed in sources:
+                s = listed.current()
+                if s is None:
+                    continue
                 if s.ids is not None:
                     for pid in s.ids:
                         if pid in wanted:
@@ -232,62 +246,101 @@ def _natural(s: str) -> tuple[int, int | str]:
 
 
 # ---------------------------------------------------------------------- sources
-def _file_lines(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
+def _opened_lines(f: Any) -> Iterator[bytes]:
+    with f:
         yield from f
 
 
+def _opened_ids(f: Any) -> Iterator[str]:
+    with f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            if line:
+                yield json.loads(line)
+
+
+def _open_or_none(path: Path, *, text: bool = False) -> Any:
+    """The file opened, or None if it is not there (any more): a running client renames and
+    deletes files; an open handle reads the file whole whatever happens to its name after."""
+    try:
+        if text:
+            return open(path, encoding="utf-8", errors="surrogatepass")
+        return open(path, "rb")
+    except FileNotFoundError:
+        return None
+
+
+def shard_locator(shards_dir: Path, index_dir: Path, name: str) -> Callable[[], Source | None]:
+    """Where shard ``name`` is now: open, closed, or deleted after its upload (its ids from the
+    index). The order follows the client's: the index is written before the open shard is renamed,
+    and the upload is recorded before the local copy is deleted, so a shard is always in one of the
+    three; None only when it is gone without an upload (an empty open shard the client removed)."""
+
+    def locate() -> Source | None:
+        for path in (shards_dir / f"{name}.jsonl.open", shards_dir / f"{name}.jsonl"):
+            f = _open_or_none(path)
+            if f is not None:
+                return Source(str(path), "shard", lines=_opened_lines(f))
+        ids = index_dir / f"{name}.ids"
+        if (index_dir / f"{name}.uploaded").exists():
+            f = _open_or_none(ids, text=True)
+            if f is not None:
+                return Source(str(ids), "index", ids=_opened_ids(f))
+        return None
+
+    return locate
+
+
+def file_locator(path: Path, kind: str) -> Callable[[], Source | None]:
+    def locate() -> Source | None:
+        f = _open_or_none(path)
+        return None if f is None else Source(str(path), kind, lines=_opened_lines(f))
+
+    return locate
+
+
+def _shard_name(file_name: str) -> str | None:
+    for suffix in (".jsonl.open", ".jsonl"):
+        if file_name.startswith("part-") and file_name.endswith(suffix):
+            return file_name[: -len(suffix)]
+    return None
+
+
 def local_sources(root: Path, report_notes: list[str]) -> list[Source]:
+    """One source per shard name (a shard renamed while the directory was listed is listed once),
+    each located again when it is read (:func:`shard_locator`)."""
     if not root.is_dir():
         raise VerifyError(f"{root}: no such output directory")
-    sources: list[Source] = []
     shards_dir = root / "shards"
     index_dir = root / ".state" / "index"
-    present = set()
-    for p in sorted(shards_dir.glob("part-*.jsonl")):
-        present.add(p.stem)
-        sources.append(Source(str(p), "shard", lines=_LazyLines(p)))
-    opened = sorted(shards_dir.glob("part-*.jsonl.open"))
-    for p in opened:
-        present.add(p.name[: -len(".jsonl.open")])
-        sources.append(Source(str(p), "shard", lines=_LazyLines(p)))
+    listing = sorted(p.name for p in shards_dir.glob("part-*.jsonl*"))
+    opened = {n for n in (_shard_name(f) for f in listing if f.endswith(".jsonl.open")) if n}
+    present = {n for n in (_shard_name(f) for f in listing) if n}
+    gone = set()
+    for meta in index_dir.glob("*.meta.json"):
+        name = meta.name[: -len(".meta.json")]
+        if name not in present and (index_dir / f"{name}.uploaded").exists():
+            gone.add(name)
+    sources = [
+        Source(
+            str(shards_dir / (f"{name}.jsonl.open" if name in opened else f"{name}.jsonl")),
+            "shard",
+            locate=shard_locator(shards_dir, index_dir, name),
+        )
+        for name in sorted(present | gone)
+    ]
     if opened:
         report_notes.append(
             f"{len(opened)} open shard(s) counted: a client is running, or was killed and not restarted"
         )
-    gone = 0
-    for meta in sorted(index_dir.glob("*.meta.json")):
-        name = meta.name[: -len(".meta.json")]
-        ids = index_dir / f"{name}.ids"
-        if name not in present and (index_dir / f"{name}.uploaded").exists() and ids.exists():
-            sources.append(Source(str(ids), "index", ids=_LazyIds(ids)))
-            gone += 1
     if gone:
         report_notes.append(
-            f"{gone} shard(s) were deleted here after upload; their ids come from the index "
+            f"{len(gone)} shard(s) were deleted here after upload; their ids come from the index "
             "(verify --s3 reads the data itself)"
         )
     for p in sorted((root / "failures").glob("failures-*.jsonl")):
-        sources.append(Source(str(p), "failures", lines=_LazyLines(p)))
+        sources.append(Source(str(p), "failures", locate=file_locator(p, "failures")))
     return sources
-
-
-class _LazyLines:
-    """Re-iterable lines of a file (verify reads sources twice when it has doubles to locate)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __iter__(self) -> Iterator[bytes]:
-        return _file_lines(self.path)
-
-
-class _LazyIds:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __iter__(self) -> Iterator[str]:
-        return iter_ids_file(self.path)
 
 
 class _S3Lines:

@@ -1,10 +1,12 @@
 """sglang-fleet-ops: plan, apply, drift, status and tuning advice of an sglang-fleet, as data.
 
 Exit statuses: 0 nothing to do / done / all good; 2 changes pending (plan), drift found (drift),
-an instance not running its desired settings healthy (status); 1 error; 3 apply refused: the
-saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
+an instance not running its desired settings healthy, or a client's endpoint stalled (status); 1 error;
+3 apply refused: the saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
 run holds the fleet lock. advise: 0 advice produced, 1 error. Every command writes ``summary.json``
-and ``summary.md`` in its run dir and prints ``artifacts: <run dir>`` as its last line.
+and ``summary.md`` in its run dir and prints ``artifacts: <run dir>`` as its last line. A reader of
+stdout that goes away (``... | head``) drops the rest of the output, said once on stderr; the command
+still ends and exits with its own status.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from . import advise as advise_mod
 from . import apply as apply_mod
 from . import trial as trial_mod
+from .closedpipe import ReaderGoneGuard
 from .plan import build_plan, drift, plan_exit, plan_markdown
 from .runner import Request, Run, Runner, new_run_dir, run_playbook
 from .status import build_status, status_exit, status_table
@@ -326,8 +329,11 @@ def main(
     err: TextIO | None = None,
 ) -> int:
     args = _parser().parse_args(argv)
-    out = out or sys.stdout
     err = err or sys.stderr
+    # A reader of stdout that goes away (`... | head`) costs the rest of the output, never the
+    # command's artifacts or its exit status.
+    guard = ReaderGoneGuard(out or sys.stdout, err, "sglang-fleet-ops")
+    out = cast(TextIO, guard)
     try:
         command = Command(args, runner, out, err)
     except OSError as exc:
@@ -339,6 +345,8 @@ def main(
         msg = f"{type(exc).__name__}: {exc}"
         print(f"error: {msg}", file=err)
         return command.finish(ERROR, {"problems": [msg]}, f"## {args.command}: error\n\n- {msg}\n")
+    finally:
+        guard.flush()
 
 
 if __name__ == "__main__":

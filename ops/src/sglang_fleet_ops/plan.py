@@ -3,7 +3,8 @@
 Per host the validation (``sglang_ops.fleet.server_validate``: the desired instances and their
 settings fingerprints), the server role's unit check (``sglang_ops.fleet.server_units`` in
 check mode with diff) and the retune's check (``sglang_ops.fleet.retune``: per instance
-unchanged, would_relaunch, would_start, or failed when it is blocked).
+unchanged, would_relaunch, would_start, unhealthy (wedged while serving the desired settings), or
+failed when it is blocked).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from .runner import Run
 FORMAT = 1
 
 # The retune's per-instance action in check mode -> the plan's action.
-PLAN_ACTIONS = {"unchanged": "unchanged", "would_relaunch": "relaunch", "would_start": "start", "failed": "blocked"}
+# "unhealthy": wedged while serving the desired settings; named, not touched (the retune fails).
+PLAN_ACTIONS = {
+    "unchanged": "unchanged",
+    "would_relaunch": "relaunch",
+    "would_start": "start",
+    "failed": "blocked",
+    "unhealthy": "unhealthy",
+}
 CHANGES = ("relaunch", "start")
 
 
@@ -145,7 +153,7 @@ def host_plan(view: HostView) -> tuple[dict[str, Any], list[dict[str, Any]], lis
                 predicted_after=got.get("predicted_effective_max_running_requests"),
                 predicted_why=got.get("prediction_missing"),
                 blocked=action == "blocked",
-                why="; ".join(reasons) if action == "blocked" else None,
+                why="; ".join(reasons) if action in ("blocked", "unhealthy") else None,
             )
         elif entry["status"] == "skipped":
             item.update(action="blocked", blocked=True, why=entry["msg"])

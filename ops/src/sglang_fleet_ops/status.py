@@ -107,6 +107,9 @@ def _clients(view: HostView) -> list[dict[str, Any]]:
                 "completion_tokens_per_s": status.get("completion_tokens_per_s"),
                 "eta_s": status.get("eta_s"),
                 "error": status.get("error"),
+                # Endpoints that accept requests and complete none (the client routes around them):
+                # URL -> why. The instance behind one needs a relaunch (retune.yml heals it).
+                "stalled": dict(status.get("stalled") or {}),
             }
         )
     return out
@@ -196,11 +199,18 @@ def build_status(run: Run) -> dict[str, Any]:
     elif run.rc != 0 and not problems:
         problems.append(f"ansible-playbook ended with rc {run.rc} ({run.status}) and no failed task was recorded")
     not_ok = [f"{h}/{i['name']}" for h, e in hosts.items() for i in e["instances"] if not i["ok"]]
+    not_ok += [
+        f"{h}/{c['unit']}: endpoint {url} stalled"
+        for h, e in hosts.items()
+        for c in e["clients"]
+        for url in c["stalled"]
+    ]
     return {"hosts": hosts, "problems": problems, "not_ok": not_ok}
 
 
 def status_exit(status: dict[str, Any]) -> int:
-    """0 every instance running, healthy and serving its desired settings; 2 otherwise; 1 error."""
+    """0 every instance running, healthy and serving its desired settings (and no generation client
+    has an endpoint stalled); 2 otherwise; 1 error."""
     if status["problems"]:
         return 1
     return 2 if status["not_ok"] else 0
@@ -255,6 +265,7 @@ def status_table(status: dict[str, Any]) -> str:
                 f"progress {progress} rate {_num(c['requests_per_s'], '{:.2f}')} req/s "
                 f"ETA {_duration(c['eta_s'])}" + (f" ({c['error']})" if c["error"] else "")
             )
+            lines += [f"  STALLED {url}: {why}" for url, why in c["stalled"].items()]
     for problem in status["problems"]:
         lines.append(f"ERROR {problem}")
     for name in status["not_ok"]:

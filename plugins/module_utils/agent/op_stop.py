@@ -54,7 +54,18 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
         for inst in instances:
             if inst["unit"] in to_stop:
                 actions[inst["name"]].append(f"systemctl stop (rc={res['rc']})")
-    state = wait_units(host, units, stopped, stop_timeout)
+    # A wedged instance (its own endpoints did not answer at inspect) cannot drain: its scheduler
+    # answers nothing, so the drain deadline would only lengthen its outage. It gets the deadline of
+    # one signal instead, then the SIGKILL of its cgroup like any other.
+    deadline_s = {i["unit"]: min(stop_timeout, kill_timeout) if i.get("wedged") else stop_timeout for i in instances}
+    state: dict[str, dict[str, str]] = {}
+
+    def settled() -> bool:
+        state.update(host.units(units))
+        late = host.monotonic() - t0
+        return all(stopped(state[u]) or late >= deadline_s[u] for u in units)
+
+    host.wait(settled, t0 + max(deadline_s.values(), default=0.0))
     escalated = [u for u in units if not stopped(state[u])]
     # Processes known to have been SIGKILLed (pid, start time): one still present is in teardown
     # (the kernel and the GPU driver release its memory, handles and sockets; over 30 s seen on
@@ -73,7 +84,9 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
         for inst in instances:
             if inst["unit"] in escalated:
                 actions[inst["name"]].append(
-                    f"stop deadline {stop_timeout:.0f}s passed: systemctl kill SIGKILL (rc={res['rc']})"
+                    f"stop deadline {deadline_s[inst['unit']]:.0f}s passed"
+                    + (" (wedged: no drain to wait for)" if inst.get("wedged") else "")
+                    + f": systemctl kill SIGKILL (rc={res['rc']})"
                 )
         state = wait_units(host, units, stopped, kill_timeout)
     unit_stopped_at = {u: host.monotonic() - t0 for u in units}

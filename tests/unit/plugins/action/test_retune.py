@@ -191,6 +191,7 @@ def test_relaunch_whole_result() -> None:
                 "has_last_good": True,
                 "running_argv": FACTS_OLD["argv"],
                 "desired_argv": ARGV,
+                "wedged": [],
                 "escalated": False,
                 "killed": [],
                 "relaunch": {},

@@ -140,3 +140,24 @@ def test_check_mode_shows_the_predicted_capacity_after_or_why_not_in_one_word() 
     assert rows["a/gpu0"].split()[1:5] == ["would_relaunch", "16", "->", "52"]
     assert rows["a/gpu1"].split()[1:6] == ["would_relaunch", "16", "->", "-", "(journal)"]
     assert rows["a/gpu2"].split()[1:5] == ["would_relaunch", "16", "->", "-"]
+
+
+def test_a_wedged_instance_is_named_with_what_hung_and_how_it_was_stopped() -> None:
+    hung = "/server_info did not answer within 30s (it asks every scheduler: one is stuck or gone)"
+    hostvars = {
+        "a": {
+            "sglang_retune_result": {
+                "instances": [
+                    {"name": "gpu1", "action": "relaunched", "escalated": True, "wedged": [hung]},
+                    {"name": "gpu2", "action": "unhealthy", "wedged": [hung], "reasons": [f"wedged: {hung}: ..."]},
+                    {"name": "gpu3", "action": "relaunched", "wedged": []},
+                ]
+            }
+        }
+    }
+    rows = _rows(retune_table(hostvars, ["a"]))
+    assert rows["a/gpu1"].split()[1] == "relaunched"
+    assert "was wedged (/server_info did not answer within 30s" in rows["a/gpu1"]
+    assert "SIGKILL after stop deadline" in rows["a/gpu1"]
+    assert rows["a/gpu2"].split()[1] == "unhealthy" and rows["a/gpu2"].count("wedged") == 1
+    assert "wedged" not in rows["a/gpu3"]

@@ -483,21 +483,107 @@ def test_broken_evidence_leaves_an_unchanged_host_unchanged() -> None:
     assert not out.get("failed") and out["instances"][0]["action"] == "unchanged"
 
 
-def test_a_server_info_that_hangs_blocks_unless_forced() -> None:
-    unanswered = ["/server_info did not answer within 30s (it asks every scheduler: one is stuck or gone)"]
-    inst = instance("gpu0", 30000)
-    stuck = facts("gpu0", server_info_status=None, unanswered=unanswered)
-    host = Host({"gpu0": stuck})
-    out = run(host, [inst])
-    assert host.ops() == [("inspect", ["gpu0"])]
-    assert out["failed"] and "/server_info did not answer within 30s" in out["msg"]
-    assert "sglang_retune_force" in out["msg"]
+WEDGED = ["/server_info did not answer within 30s (it asks every scheduler: one is stuck or gone)"]
 
-    forced = Host({"gpu0": stuck})
-    out = run(forced, [inst], force=True)
-    assert [op for op, _ in forced.ops()] == ["inspect", "stop", "release", "start"]
-    assert out["instances"][0]["action"] == "relaunched"
-    assert "/server_info did not answer" in " ".join(out["instances"][0]["reasons"])
+
+def wedged(name: str, **extra: Any) -> dict[str, Any]:
+    """A running instance whose scheduler is stopped: /health and /server_info hang; /proc reads."""
+    return facts(
+        name,
+        health_status=None,
+        health_error="timed out",
+        server_info_status=None,
+        server_info_error="timed out",
+        server_info=None,
+        effective_max_running_requests=None,
+        unanswered=["/health did not answer within 30s", *WEDGED],
+        **extra,
+    )
+
+
+def test_a_wedged_instance_to_change_is_relaunched_in_its_wave_with_its_siblings() -> None:
+    """One scheduler SIGSTOPped: its settings (from /proc) differ, so it is relaunched like its three
+    siblings; the host succeeds and the summary names the wedged one and how it was stopped."""
+    insts, inspected = four()
+    inspected["gpu2"] = wedged("gpu2")
+
+    def stop(names: list[str], _i: Any, _o: Any) -> dict[str, Any]:
+        return {
+            "instances": {
+                n: {"dead": True, "time_to_dead_s": 11.0, "escalated": n == "gpu2", "killed": []} for n in names
+            }
+        }
+
+    host = Host(inspected, stop=stop)
+    out = run(host, insts, wave_size=0)
+    assert not out.get("failed"), out["msg"]
+    assert [r["action"] for r in out["instances"]] == ["relaunched"] * 4
+    assert [op for op, _ in host.ops()] == ["inspect"] + ["stop", "release", "start"] * 2
+    assert "gpu2" in host.ops()[4][1]
+    gpu2 = out["instances"][2]
+    assert gpu2["reasons"][0].startswith("wedged: /health did not answer within 30s")
+    assert "--max-mamba-cache-size 80→200" in " ".join(gpu2["reasons"])
+    assert out["wedged"] == [
+        "gpu2 was wedged (/health did not answer within 30s; " + WEDGED[0] + "): relaunched, stopped by "
+        "SIGTERM, then SIGKILL of its cgroup past the stop deadline"
+    ]
+    assert out["msg"] == "4 relaunched; " + out["wedged"][0]
+    assert [r["wedged"] for r in out["instances"] if r["name"] != "gpu2"] == [[], [], []]
+    # The agent stops the wedged one without waiting for a drain; the others get the drain deadline.
+    stops = [payload for op, _, payload in host.calls if op == "stop"]
+    assert {n: p["wedged"] for stop in stops for n, p in stop.items()} == {
+        "gpu0": False,
+        "gpu1": False,
+        "gpu2": True,
+        "gpu3": False,
+    }
+
+
+def test_a_wedged_instance_with_the_desired_settings_is_named_and_untouched() -> None:
+    """Its settings are already the desired ones: the host fails naming it, nothing is stopped."""
+    insts, _ = four()
+    inspected = {f"gpu{i}": facts(f"gpu{i}", argv=ARGV_NEW, mamba=200) for i in range(4)}
+    inspected["gpu2"] = wedged("gpu2", argv=ARGV_NEW, argv_matches=True)
+    host = Host(inspected)
+    out = run(host, insts)
+    assert host.ops() == [("inspect", ["gpu0", "gpu1", "gpu2", "gpu3"])]
+    assert out["failed"] and not out["changed"] and "down" not in out
+    assert out["summary"] == {"unchanged": ["gpu0", "gpu1", "gpu3"], "unhealthy": ["gpu2"]}
+    assert out["msg"].startswith("gpu2: wedged: /health did not answer within 30s")
+    assert "sglang_retune_relaunch_wedged=true" in out["msg"]
+    assert out["instances"][2]["state"] == "running"
+
+
+def test_a_wedged_instance_with_the_desired_settings_does_not_hold_back_its_siblings() -> None:
+    insts, inspected = four()
+    inspected["gpu2"] = wedged("gpu2", argv=ARGV_NEW, argv_matches=True)
+    host = Host(inspected)
+    out = run(host, insts)
+    assert out["failed"]
+    assert out["summary"] == {"relaunched": ["gpu0", "gpu1", "gpu3"], "unhealthy": ["gpu2"]}
+    assert all("gpu2" not in names for op, names in host.ops() if op != "inspect")
+
+
+@pytest.mark.parametrize("option", ["relaunch_wedged", "force"])
+def test_a_wedged_instance_with_the_desired_settings_is_relaunched_when_asked(option: str) -> None:
+    inst = instance("gpu0", 30000)
+    host = Host({"gpu0": wedged("gpu0", argv=ARGV_NEW, argv_matches=True)})
+    out = run(host, [inst], **{option: True})
+    assert [op for op, _ in host.ops()] == ["inspect", "stop", "release", "start"]
+    assert not out.get("failed") and out["instances"][0]["action"] == "relaunched"
+    assert f"relaunched as asked (sglang_retune_{option})" in " ".join(out["instances"][0]["reasons"])
+
+
+def test_a_wedged_instance_on_a_host_with_broken_evidence_blocks_the_host() -> None:
+    insts, inspected = four()
+    for name in inspected:
+        inspected[name]["evidence_errors"] = [SMI_HANG]
+    inspected["gpu2"] = wedged("gpu2", evidence_errors=[SMI_HANG])
+    host = Host(inspected)
+    out = run(host, insts, relaunch_wedged=True)
+    assert host.ops() == [("inspect", ["gpu0", "gpu1", "gpu2", "gpu3"])]
+    assert out["failed"] and "nothing changed on this host" in out["msg"]
+    assert "evidence the retune needs is broken" in out["instances"][2]["reasons"][0]
 
 
 def test_force_never_overrides_broken_evidence() -> None:

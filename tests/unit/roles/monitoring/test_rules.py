@@ -45,7 +45,7 @@ def test_every_alert_is_tested_firing_and_quiet(promql: SimpleNamespace) -> None
     assert tests["rule_files"] == ["../../../../roles/monitoring/files/prometheus/sglang-fleet.rules.yml"]
     cases = [case for test in tests["tests"] for case in test["alert_rule_test"]]
     names = {rule["alert"] for rule in alerts(promql)}
-    assert len(names) == 6
+    assert len(names) == 7
     firing = {case["alertname"] for case in cases if case.get("exp_alerts")}
     quiet = {case["alertname"] for case in cases if not case.get("exp_alerts")}
     assert sorted(names - firing) == [], "alerts never tested firing"

@@ -227,6 +227,32 @@ def test_stop_names_a_process_still_in_teardown_at_the_release_deadline(tmp_path
     assert host.kills == []
 
 
+def test_a_wedged_instance_is_sigkilled_after_one_signal_deadline_not_the_drain_deadline(tmp_path: Path) -> None:
+    """Its scheduler answers nothing, so there is no drain to wait for: the SIGKILL of its cgroup
+    comes after kill_timeout (10 s), not after the 300 s stop deadline."""
+    host = stopping_host(tmp_path, teardown_s=2)
+    req = {
+        "op": "stop",
+        "instances": [{**instance(), "wedged": True}],
+        "stop_timeout": 300,
+        "kill_timeout": 10,
+        "release_timeout": 300,
+    }
+    entry = ops.run(req, host)["instances"]["gpu0"]
+    assert entry["escalated"] is True and entry["dead"] is True
+    assert entry["time_to_dead_s"] < 20
+    assert "stop deadline 10s passed (wedged: no drain to wait for): systemctl kill SIGKILL" in " ".join(
+        entry["actions"]
+    )
+
+
+def test_an_instance_that_is_not_wedged_gets_the_whole_drain_deadline(tmp_path: Path) -> None:
+    host = stopping_host(tmp_path, teardown_s=2)
+    req = {"op": "stop", "instances": [instance()], "stop_timeout": 300, "kill_timeout": 10, "release_timeout": 300}
+    entry = ops.run(req, host)["instances"]["gpu0"]
+    assert entry["escalated"] is True and entry["time_to_dead_s"] >= 300
+
+
 def test_stop_fails_closed_on_a_foreign_holder_and_never_kills_it(tmp_path: Path) -> None:
     host = stopping_host(tmp_path, teardown_s=0)
     host.process(300, ["python3", "trainer.py"], cgroup="/user.slice", gpus=[0])
