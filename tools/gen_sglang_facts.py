@@ -254,15 +254,18 @@ def extract_constraints(release: Release, specs: list[Mapping[str, Any]]) -> lis
                 continue
             for node in ast.walk(tree):
                 if isinstance(node, ast.Assert):
-                    message, condition = _message(node.msg), ast.unparse(node.test)
+                    message, condition, error = _message(node.msg), ast.unparse(node.test), "AssertionError"
                 elif isinstance(node, ast.Raise):
                     message, condition = _message(node.exc), ""
+                    call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                    error = ast.unparse(call) if call is not None else "Exception"
                 else:
                     continue
                 if spec["message"] in message:
                     found.append(
                         {
                             "id": spec["id"],
+                            "error": error,
                             "message": message,
                             "condition": condition,
                             "source": _where(name, node.lineno),
@@ -332,6 +335,7 @@ def build_table(facts: Mapping[str, Mapping[str, Any]], spec: Mapping[str, Any])
             constraints.append(
                 {
                     "id": hit["id"],
+                    "error": hit["error"],
                     "message": hit["message"],
                     "source": hit["source"],
                     "rule": rule["rule"],

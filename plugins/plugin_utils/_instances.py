@@ -27,6 +27,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks impo
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_names import resolve_name
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import FlagTable, load_table
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import describe, plain
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
     LAYOUT_OWNED,
     TP_SIZE,
@@ -250,6 +251,8 @@ def _launch_args(
             owned.append(item)
     checked = check_items(table, flag_version, [i for i in items if i not in owned])
     problems.extend(checked.problems)
+    if not checked.problems:
+        problems.extend(startup_refusals(flag_version, checked.args, label))
     tp, problem = parallel_problem(layout, checked, label)
     if problem:
         problems.append(problem)
