@@ -132,10 +132,13 @@ def _statement_text(release: Release, name: str, line: int) -> tuple[int, str]:
         best: ast.stmt | None = None
         for node in ast.walk(tree):
             if isinstance(node, ast.stmt) and not isinstance(
-                node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While, ast.With, ast.Try)
+                node,
+                (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While, ast.With, ast.Try),
             ):
                 end = node.end_lineno or node.lineno
-                if node.lineno <= line <= end and (best is None or end - node.lineno < (best.end_lineno or 0) - best.lineno):
+                if node.lineno <= line <= end and (
+                    best is None or end - node.lineno < (best.end_lineno or 0) - best.lineno
+                ):
                     best = node
         if best is not None:
             segment = ast.get_source_segment(text, best) or ""
@@ -234,9 +237,9 @@ def extract_memory_usage(release: Release, key: str) -> dict[str, Any]:
         if tree is None or key not in (release.text(name) or ""):
             continue
         for node in ast.walk(tree):
-            keys: list[str] = []
-            if isinstance(node, ast.Dict):
-                keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            if not isinstance(node, ast.Dict):
+                continue
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
             if key in keys:
                 hits.append({"source": _where(name, node.lineno), "keys": keys})
     return {"dicts": hits}
@@ -280,9 +283,7 @@ def extract_scheduler_start(release: Release, spec: Mapping[str, str]) -> dict[s
     if func is None:
         return {"draft_before_target_pools": False, "source": None}
     calls = [
-        node.func.attr
-        for node in ast.walk(func)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        node.func.attr for node in ast.walk(func) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
     ]
     draft = calls.index(spec["draft"]) if spec["draft"] in calls else None
     pools = calls.index(spec["pools"]) if spec["pools"] in calls else None

@@ -27,7 +27,6 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks impo
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_names import resolve_name
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import FlagTable, load_table
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import describe, plain
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
     LAYOUT_OWNED,
     TP_SIZE,
@@ -38,6 +37,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
     is_int,
     parallel_problem,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
     LAUNCH_MODULE,
     env_value,

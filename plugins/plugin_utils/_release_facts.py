@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ class ReleaseFacts:
         return self.token_usage_pools == ("full_token_usage",)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _table(path: str) -> Mapping[str, Any]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     releases = data.get("releases")
@@ -107,10 +107,11 @@ def release_facts(release: str, path: Path = FACTS_PATH) -> ReleaseFacts | None:
     )
 
 
-def startup_refusals(release: str, settings: Mapping[str, Any], where: str = "settings") -> list[str]:
+def startup_refusals(release: str, settings: Mapping[str, Any], where: str = "") -> list[str]:
     """One line per constraint of ``release`` that ``settings`` (under the release's names) break:
-    SGLang's own message, where it is, and the fix."""
-    facts = release_facts(release)
+    SGLang's own message, where it is, and the fix; each prefixed with ``where``. A release
+    between two that were read has the facts of the older one."""
+    facts = release_facts(_nearest(release))
     if facts is None:
         return []
     problems = []
@@ -119,10 +120,35 @@ def startup_refusals(release: str, settings: Mapping[str, Any], where: str = "se
             names = dict.fromkeys((*constraint.when, *constraint.require))
             shown = ", ".join(f"{k}: {_shown(_value(settings, k))}" for k in names)
             problems.append(
-                f"{where}: SGLang {release} refuses to start with {shown}: "
+                (f"{where}: " if where else "") + f"SGLang {release} refuses to start with {shown}: "
                 f"{constraint.error}: {constraint.message} ({constraint.source}); {constraint.fix}"
             )
     return problems
+
+
+def required_switches(release: str, settings: Mapping[str, Any]) -> dict[str, bool]:
+    """The switches a constraint of ``release`` needs on for ``settings`` to start (no_buffer on
+    0.5.14+: ``disable_overlap_schedule``); what a proposal adds with its change."""
+    facts = release_facts(_nearest(release))
+    needed: dict[str, bool] = {}
+    for constraint in facts.constraints if facts is not None else ():
+        if constraint.broken(settings):
+            for name, values in constraint.require.items():
+                if list(values) == [True]:
+                    needed[name] = True
+    return needed
+
+
+def _nearest(release: str) -> str:
+    known = [r for r in known_releases() if _key(r) <= _key(release)]
+    return max(known, key=_key) if known and _key(release) else release
+
+
+def _key(release: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in release.split("."))
+    except ValueError:
+        return ()
 
 
 def _shown(value: Any) -> str:

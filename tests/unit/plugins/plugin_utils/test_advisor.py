@@ -18,6 +18,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_pa
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_report as advice_report
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_host
 
 # FIRST_TUNING (simulated_instance): the 7 x B200 run's first tuning.
 # inventories/example/host_vars/b200-node.yml: the retune the run made.
@@ -501,3 +502,29 @@ def test_an_instance_running_other_settings_than_the_inventory_is_advised_on_wha
     assert prop.changes["max_mamba_cache_size"][0] == 200
     # Where the inventory and the server agree, nothing is said.
     assert advisor.running_drift(RETUNED, {"max_mamba_cache_size": 200, "mem_fraction_static": 0.93}) == {}
+
+
+@pytest.mark.parametrize("release", ["0.5.14", "0.5.23"])
+def test_a_no_buffer_proposal_turns_the_overlap_scheduler_off_and_counts_its_cost(release: str) -> None:
+    """0.5.14+ refuse an explicit no_buffer with the overlap scheduler on (the release's
+    mamba_hook / server_args assert): every proposal must start, so no_buffer comes with
+    disable_overlap_schedule: true, and the overlap it turns off is counted."""
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, release=release)
+    advice = advisor.advise_instance(ev)
+    proposals = all_proposals(advice)
+    with_no_buffer = [
+        p for p in proposals if p.changes.get("mamba_radix_cache_strategy", [None, None])[1] == "no_buffer"
+    ]
+    assert with_no_buffer, [p.changes for p in proposals]
+    for prop in with_no_buffer:
+        assert prop.changes["disable_overlap_schedule"] == [False, True]
+        assert any("turns SGLang's overlap scheduler off" in note for note in prop.notes)
+    for prop in proposals:
+        new_args, new_mfs = applied(FIRST_TUNING, 0.854, prop)
+        hostvars = {
+            "sglang_server_version": release,
+            "sglang_server_model_path": "/models/qwen3.6-27b",
+            "sglang_server_gpu_count": 1,
+            "sglang_server_host_args": {**new_args, "mem_fraction_static": new_mfs},
+        }
+        assert resolve_host("b200-node", hostvars)

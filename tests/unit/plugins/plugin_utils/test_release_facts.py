@@ -149,6 +149,7 @@ def test_every_broken_constraint_is_named_at_once() -> None:
     [left] = startup_refusals("0.5.23", {**settings, "disable_overlap_schedule": True, "page_size": 1}, "x")
     assert "no_buffer do not support trtllm_mha attention backend." in left
 
+
 def test_extra_buffer_lazy_with_speculative_decoding_is_refused_on_0_5_14_only() -> None:
     settings = {"mamba_radix_cache_strategy": "extra_buffer_lazy", "speculative_num_draft_tokens": 4}
     [problem] = startup_refusals("0.5.14", settings)
