@@ -353,8 +353,9 @@ class ProposalSearch:
         k_now = self.plan.mamba_k
         ratio = self.plan.mamba_ratio or 1
         running_peak = math.ceil(self.stats.running_max or self.eff)
-        if self.facts.hybrid and k_now and (self.stats.mamba_usage_mean or 1.0) < self.policy.mamba_full:
-            # Fewer Mamba slots: as many as the running requests used, and a fifth more.
+        if self.facts.hybrid and k_now:
+            # Fewer Mamba slots: as many as the running requests used, and a fifth more (never
+            # below the cap the running requests reached).
             k_new = max(ratio, math.ceil(running_peak * 1.2) * ratio)
             if k_new < k_now:
                 for mfs in {mfs_now, top}:
