@@ -85,7 +85,7 @@ def test_status_table_for_people(rec: Any, project: Path) -> None:
         "health",
         "settings",
         "run/queue/max",
-        "tokens",
+        "KV",
         "mamba",
         "gen",
         "tok/s",
@@ -163,4 +163,15 @@ def test_no_inspection_is_an_error(rec: Any) -> None:
 
 def test_metrics_take_the_largest_series() -> None:
     text = 'sglang:token_usage{tp_rank="0"} 0.5\nsglang:token_usage{tp_rank="1"} 0.75\nsglang:other 3\n# comment\n'
-    assert parse_metrics(text) == {"token_usage": 0.75}
+    # 0.5.9: token_usage is the KV cache's usage.
+    assert parse_metrics(text) == {"token_usage": 0.75, "kv_usage": 0.75}
+
+
+def test_kv_usage_is_full_token_usage_from_0_5_14() -> None:
+    """0.5.14+: token_usage is the fullest pool (here the Mamba pool), the KV cache is full_token_usage."""
+    text = (
+        'sglang:token_usage{tp_rank="0"} 0.97\n'
+        'sglang:full_token_usage{tp_rank="0"} 0.03\n'
+        'sglang:mamba_usage{tp_rank="0"} 0.97\n'
+    )
+    assert parse_metrics(text)["kv_usage"] == 0.03
