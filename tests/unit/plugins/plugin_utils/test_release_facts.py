@@ -155,3 +155,14 @@ def test_extra_buffer_lazy_with_speculative_decoding_is_refused_on_0_5_14_only()
     [problem] = startup_refusals("0.5.14", settings)
     assert "extra_buffer_lazy unsupported with spec." in problem
     assert startup_refusals("0.5.23", settings) == []
+
+
+def test_a_rule_edited_in_the_spec_without_regenerating_is_stale() -> None:
+    gen = _generator()
+    spec = gen.load_spec()
+    facts = gen.load_facts()
+    assert gen.stale_rules(facts, spec) == []
+    edited = {**spec, "constraints": [dict(c) for c in spec["constraints"]]}
+    edited["constraints"][0]["rule"] = {"when": {"page_size": [64]}, "require": {"page_size": [1]}}
+    stale = gen.stale_rules(facts, edited)
+    assert stale and all(spec["constraints"][0]["id"] in line for line in stale)
