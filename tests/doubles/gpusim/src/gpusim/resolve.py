@@ -387,6 +387,20 @@ def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: 
     res.mamba_ratio = base + extra
 
 
+def mamba_slots_held_per_request(res: Resolved) -> int:
+    """What a running request holds in the Mamba pool: its working slot, plus with extra_buffer
+    its ping-pong tracking slots (2 with the overlap scheduler, else 1; 0.5.23
+    mem_cache/memory_pool.py:1393, 1572-1630). The slots-per-request ratio that sizes the pool
+    (res.mamba_ratio) is a reserve and larger."""
+    if res.mamba_ratio == 1:
+        return 1
+    if res.mamba_strategy == "extra_buffer":
+        return 1 + (2 if res.overlap else 1)
+    if res.mamba_strategy == "extra_buffer_lazy":
+        return 2
+    return 1
+
+
 def server_args_repr(args: dict[str, Any], order: list[str], exact: bool = False) -> str:
     """``exact``: the field list is this version's own, so parser-only dests are not fields."""
     seen = set()
