@@ -9,6 +9,7 @@ import pytest
 
 from gpusim import cli_parser, release_facts, resolve
 from gpusim.config import Config
+from gpusim.metrics import DOCS
 
 B200 = {"name": "NVIDIA B200", "memory_total_mib": 183359}
 NO_BUFFER = {"0.5.9": "--mamba-scheduler-strategy", "0.5.14": "--mamba-radix-cache-strategy"}
@@ -49,3 +50,17 @@ def test_every_release_the_simulator_knows_has_vendored_facts() -> None:
     for name in facts:
         data = json.loads((release_facts.FACTS_DIR / f"{name}.json").read_text(encoding="utf-8"))
         assert data["release"] == name and data["read_from"]["wheel"].startswith(f"sglang-{name}-")
+
+
+def test_every_metric_the_simulator_exports_is_the_releases_own() -> None:
+    """Name, type and help of each metric as 0.5.23 defines it (metrics_collector.py)."""
+    defined = release_facts.facts_for("0.5.23")["metrics"]
+    for name, (kind, doc) in DOCS.items():
+        assert name in defined, name
+        assert (defined[name]["type"], defined[name]["help"]) == (kind, doc), name
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.23"])
+def test_token_usage_is_the_fullest_pool_where_the_release_says_so(version: str) -> None:
+    pools = release_facts.token_usage_pools(version)
+    assert ("mamba_usage" in pools) == (version != "0.5.9")
