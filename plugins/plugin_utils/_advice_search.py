@@ -264,7 +264,11 @@ class ProposalSearch:
                     resolved = resolve_strategy(self.ev.release, base, self.facts.architecture)
                     if not resolved.overlap and self.plan.overlap:
                         notes.append(
-                            f"{strategy} turns SGLang's overlap scheduler off: counted as "
+                            f"{strategy} runs without SGLang's overlap scheduler (disable_overlap_schedule: true, "
+                            f"which 0.5.14+ require with it): counted as {self.policy.overlap_off_cost:.0%} less "
+                            "throughput per step"
+                            if base.disable_overlap_schedule and not self.settings.disable_overlap_schedule
+                            else f"{strategy} turns SGLang's overlap scheduler off: counted as "
                             f"{self.policy.overlap_off_cost:.0%} less throughput per step"
                         )
                 if mfs != mfs_now:
