@@ -94,3 +94,18 @@ def test_0_5_9_with_mtp_reads_the_target_that_loaded_before_the_draft() -> None:
     assert plan.fits, plan.errors
     # The release's own reset with speculative decoding ("Max running requests is reset to 48").
     assert plan.effective_max_running_requests == 48
+
+
+def test_the_b200_runs_retune_from_the_golden_journals_facts() -> None:
+    """inventories/example b200-node: the retune the 7 x B200 run made (200 Mamba slots, ratio 0.6,
+    fraction 0.93, 64 requested) runs about max_mamba_cache_size / 5 = 40 at once, as the run had it;
+    the facts come from the golden 0.5.23 journal of its first tuning, not from the simulator."""
+    golden = journal("0.5.23-qwen3.6-27b-mtp.yml")
+    derived = derive_model_facts("0.5.23", lines("0.5.23-qwen3.6-27b-mtp.yml"), None, golden["gpu_total_mib"])
+    assert derived.facts is not None
+    host = yaml.safe_load((REPO_ROOT / "inventories" / "example" / "host_vars" / "b200-node.yml").read_text())
+    plan = plan_capacity(
+        "0.5.23", derived.facts, golden["gpu_total_mib"], Settings.from_args(host["sglang_server_host_args"])
+    )
+    assert plan.fits, plan.errors
+    assert (plan.mamba_k, plan.effective_max_running_requests, plan.binding) == (200, 40, "mamba")
