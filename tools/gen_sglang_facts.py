@@ -284,9 +284,9 @@ def extract_scheduler_start(release: Release, spec: Mapping[str, str]) -> dict[s
     func = _function(tree, spec["method"]) if tree is not None else None
     if func is None:
         return {"draft_before_target_pools": False, "source": None}
-    calls = [
-        node.func.attr for node in ast.walk(func) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-    ]
+    # In the order they are written (ast.walk goes breadth first).
+    found = [n for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    calls = [n.func.attr for n in sorted(found, key=lambda n: (n.lineno, n.col_offset))]  # type: ignore[attr-defined]
     draft = calls.index(spec["draft"]) if spec["draft"] in calls else None
     pools = calls.index(spec["pools"]) if spec["pools"] in calls else None
     return {

@@ -25,6 +25,7 @@ PARSED = {
     "KV Cache is allocated": "kv_cache",
     "max_total_num_tokens=": "scheduler_summary",
     "max_running_requests is capped": "mamba_cap",
+    "max_running_requests was reduced": "kv_reduced",
     "fired up and ready to roll": "fired_up",
 }
 MTP = {
@@ -66,6 +67,17 @@ def test_0_5_23_with_mtp_kv_tokens_are_the_target_pools_tokens() -> None:
     # The target's cell counts the draft's layer: both KV lines of the same #tokens.
     assert facts.kv_bytes_per_token == pytest.approx((28.72 + 28.72 + 1.80 + 1.80) * GIB / 941074)
     plan = plan_capacity("0.5.23", facts, golden["gpu_total_mib"], Settings.from_args({**MTP, **FIRST_TUNING}))
+    assert plan.kv_tokens == pytest.approx(golden["target_tokens"], rel=0.01)
+    assert (plan.mamba_k, plan.effective_max_running_requests, plan.binding) == (80, 16, "mamba")
+
+
+def test_0_5_14_with_mtp_reads_both_runners_loaded_before_the_pools() -> None:
+    golden = journal("0.5.14-qwen3.6-27b-mtp.yml")
+    derived = derive_model_facts("0.5.14", lines("0.5.14-qwen3.6-27b-mtp.yml"), None, golden["gpu_total_mib"])
+    assert derived.problems == [] and derived.facts is not None
+    assert derived.facts.weights_gib == pytest.approx(51.80 + 0.85)
+    assert derived.facts.kv_bytes_per_token == pytest.approx((29.33 + 29.33 + 1.83 + 1.83) * GIB / 961120)
+    plan = plan_capacity("0.5.14", derived.facts, golden["gpu_total_mib"], Settings.from_args({**MTP, **FIRST_TUNING}))
     assert plan.kv_tokens == pytest.approx(golden["target_tokens"], rel=0.01)
     assert (plan.mamba_k, plan.effective_max_running_requests, plan.binding) == (80, 16, "mamba")
 
