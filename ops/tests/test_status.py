@@ -86,7 +86,7 @@ def test_status_table_for_people(rec: Any, project: Path) -> None:
         "health",
         "settings",
         "run/queue/max",
-        "tokens",
+        "KV",
         "mamba",
         "gen",
         "tok/s",
@@ -164,7 +164,8 @@ def test_no_inspection_is_an_error(rec: Any) -> None:
 
 def test_metrics_take_the_largest_series() -> None:
     text = 'sglang:token_usage{tp_rank="0"} 0.5\nsglang:token_usage{tp_rank="1"} 0.75\nsglang:other 3\n# comment\n'
-    assert parse_metrics(text) == {"token_usage": 0.75}
+    # 0.5.9: token_usage is the KV cache's usage.
+    assert parse_metrics(text) == {"token_usage": 0.75, "kv_usage": 0.75}
 
 
 class _ReaderGone(io.StringIO):
@@ -209,3 +210,13 @@ def test_a_stalled_endpoint_of_a_client_is_named_and_not_ok(rec: Any, project: P
     assert code == 2
     assert f"  STALLED http://127.0.0.1:30002: {why}" in out.splitlines()
     assert "NOT OK gpu-a/sglang-fleet-generate.service: endpoint http://127.0.0.1:30002 stalled" in out
+
+
+def test_kv_usage_is_full_token_usage_from_0_5_14() -> None:
+    """0.5.14+: token_usage is the fullest pool (here the Mamba pool), the KV cache is full_token_usage."""
+    text = (
+        'sglang:token_usage{tp_rank="0"} 0.97\n'
+        'sglang:full_token_usage{tp_rank="0"} 0.03\n'
+        'sglang:mamba_usage{tp_rank="0"} 0.97\n'
+    )
+    assert parse_metrics(text)["kv_usage"] == 0.03

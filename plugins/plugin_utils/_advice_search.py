@@ -23,6 +23,10 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_default
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import ModelFacts, Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError, validate_args
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import (
+    required_switches,
+    startup_refusals,
+)
 
 
 def client_proposal(stats: WindowStats, eff: int, settings: Settings, policy: Policy) -> Proposal:
@@ -103,6 +107,19 @@ class ProposalSearch:
         flags = self.table.flags(self.ev.flag_table) if self.table.supports(self.ev.flag_table) else {}
         return flags.get("mamba_radix_cache_strategy") or flags.get("mamba_scheduler_strategy")
 
+    def required_switches(self, settings: Settings) -> dict[str, bool]:
+        """What the release needs on with this strategy (no_buffer on 0.5.14+: the overlap
+        scheduler off, or it refuses to start)."""
+        needed = required_switches(
+            self.ev.release,
+            {
+                "mamba_radix_cache_strategy": settings.mamba_scheduler_strategy,
+                "disable_radix_cache": settings.disable_radix_cache,
+                "disable_overlap_schedule": settings.disable_overlap_schedule,
+            },
+        )
+        return {k: v for k, v in needed.items() if k in Settings.__dataclass_fields__}
+
     def strategy_key(self) -> str:
         for key in ("mamba_radix_cache_strategy", "mamba_scheduler_strategy"):
             if key in self.ev.args:
@@ -129,6 +146,10 @@ class ProposalSearch:
             validate_args({k: v[1] for k, v in changes.items()}, self.ev.flag_table, where="proposal")
         except ServerArgsError as exc:
             notes.append(f"refused by the flag table of SGLang {self.ev.flag_table}: {exc.problems}")
+            return None
+        refusals = self.startup_refusals(changes)
+        if refusals:
+            notes.append(f"refused at startup by SGLang {self.ev.flag_table}: {refusals}")
             return None
         demand = self.stats.demand_mean
         new_max = plan.effective_max_running_requests
@@ -187,6 +208,16 @@ class ProposalSearch:
             notes=notes,
         )
 
+    def startup_refusals(self, changes: dict[str, list[Any]]) -> list[str]:
+        """What the release would refuse at startup with the changes applied to the instance's
+        settings (the validator's check, :func:`._release_facts.startup_refusals`)."""
+        merged = {**self.ev.args, **{k: v[1] for k, v in changes.items()}}
+        try:
+            normalized, _warnings = validate_args(merged, self.ev.flag_table, where="proposal")
+        except ServerArgsError:
+            normalized = {k: v[1] for k, v in changes.items()}
+        return startup_refusals(self.ev.flag_table, normalized)
+
     def changes(self, new: Settings) -> dict[str, list[Any]]:
         """Settings that differ, under the names the inventory (or the release) uses."""
         old = self.settings
@@ -199,6 +230,8 @@ class ProposalSearch:
             out["max_running_requests"] = [old.max_running_requests, new.max_running_requests]
         if new.mamba_scheduler_strategy != old.mamba_scheduler_strategy:
             out[self.strategy_key()] = [old.mamba_scheduler_strategy, new.mamba_scheduler_strategy]
+        if new.disable_overlap_schedule != old.disable_overlap_schedule:
+            out["disable_overlap_schedule"] = [old.disable_overlap_schedule, new.disable_overlap_schedule]
         return out
 
     @staticmethod
@@ -227,10 +260,15 @@ class ProposalSearch:
                 base = self.settings.with_changes(mem_fraction_static=mfs)
                 if strategy is not None:
                     base = base.with_changes(mamba_scheduler_strategy=strategy)
+                    base = base.with_changes(**self.required_switches(base))
                     resolved = resolve_strategy(self.ev.release, base, self.facts.architecture)
                     if not resolved.overlap and self.plan.overlap:
                         notes.append(
-                            f"{strategy} turns SGLang's overlap scheduler off: counted as "
+                            f"{strategy} runs without SGLang's overlap scheduler (disable_overlap_schedule: true, "
+                            f"which 0.5.14+ require with it): counted as {self.policy.overlap_off_cost:.0%} less "
+                            "throughput per step"
+                            if base.disable_overlap_schedule and not self.settings.disable_overlap_schedule
+                            else f"{strategy} turns SGLang's overlap scheduler off: counted as "
                             f"{self.policy.overlap_off_cost:.0%} less throughput per step"
                         )
                 if mfs != mfs_now:
@@ -319,8 +357,9 @@ class ProposalSearch:
         k_now = self.plan.mamba_k
         ratio = self.plan.mamba_ratio or 1
         running_peak = math.ceil(self.stats.running_max or self.eff)
-        if self.facts.hybrid and k_now and (self.stats.mamba_usage_mean or 1.0) < self.policy.mamba_full:
-            # Fewer Mamba slots: as many as the running requests used, and a fifth more.
+        if self.facts.hybrid and k_now:
+            # Fewer Mamba slots: as many as the running requests used, and a fifth more (never
+            # below the cap the running requests reached).
             k_new = max(ratio, math.ceil(running_peak * 1.2) * ratio)
             if k_new < k_now:
                 for mfs in {mfs_now, top}:

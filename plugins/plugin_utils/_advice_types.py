@@ -29,8 +29,10 @@ class Policy:
     # finished request freed being refilled from the queue (running + queued >= the max, a queue).
     pinned_fraction: float = 0.8
     queue_min: float = 1.0  # mean queued requests that count as a backlog
-    mamba_full: float = 0.9  # sglang:mamba_usage (mean) that counts as full
-    kv_full: float = 0.9  # sglang:token_usage (90th percentile) that counts as full
+    # Not used for the diagnosis: sglang:mamba_usage is occupancy, at the cap it need not be near 1.
+    # Kept so that existing sglang_advise_policy overrides still load.
+    mamba_full: float = 0.9
+    kv_full: float = 0.9  # KV usage (full_token_usage; 0.5.9 token_usage), 90th percentile, counted as full
     client_running_below: float = 0.9  # mean running below this share of the max: not pinned
     saturation_batch_tokens: int = 256  # decode tokens per step where throughput stops growing
     max_mem_fraction_static: float = 0.93  # never proposed above (the 7 x B200 run proved 0.93)

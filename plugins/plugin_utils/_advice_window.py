@@ -1,5 +1,10 @@
 """The advisor's window: what an instance's metrics samples say (running, queued, usage,
 throughput), in the metrics' own names and units. Pure functions.
+
+KV usage is ``sglang:full_token_usage`` from 0.5.14 on: there ``sglang:token_usage`` is the
+fullest of the KV, SWA and Mamba pools (0.5.23 ``pool_stats_observer.py:95-103,155``), so on a
+hybrid model it follows the Mamba pool. Only 0.5.9 has no ``full_token_usage`` and a KV-only
+``token_usage`` (:mod:`._release_facts` says which, per release).
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ class WindowStats:
     refill_fraction: float | None = None  # of those, the share below it with the queue refilling
     queue_mean: float | None = None
     queue_max: float | None = None
-    token_usage_mean: float | None = None
-    token_usage_p90: float | None = None
-    mamba_usage_mean: float | None = None
+    kv_usage_metric: str = "sglang:full_token_usage"  # what kv_usage_* were read from
+    kv_usage_mean: float | None = None
+    kv_usage_p90: float | None = None
+    mamba_usage_mean: float | None = None  # occupancy: slots held (running and radix-cached) / pool
     gen_throughput_mean: float | None = None
     generation_rate: float | None = None  # sglang:generation_tokens_total per second
     tokens_per_request_p90: float | None = None  # KV tokens in use per running request
@@ -50,7 +56,20 @@ class WindowStats:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def window_stats(samples: Sequence[Mapping[str, Any]], effective_max: int | None, kv_tokens: int | None) -> WindowStats:
+def kv_usage_key(samples: Sequence[Mapping[str, Any]], metric: str | None = None) -> str:
+    """The sample key of KV usage: the release's (``metric``, from :mod:`._release_facts`), else
+    ``full_token_usage`` where the samples have it, else 0.5.9's ``token_usage``."""
+    if metric:
+        return metric.removeprefix("sglang:")
+    return "full_token_usage" if _series(samples, "full_token_usage") else "token_usage"
+
+
+def window_stats(
+    samples: Sequence[Mapping[str, Any]],
+    effective_max: int | None,
+    kv_tokens: int | None,
+    kv_usage_metric: str | None = None,
+) -> WindowStats:
     stats = WindowStats(samples=len(samples))
     if not samples:
         return stats
@@ -74,9 +93,10 @@ def window_stats(samples: Sequence[Mapping[str, Any]], effective_max: int | None
                 refilling += 1
         stats.pinned_fraction = (at_max + refilling) / len(running)
         stats.refill_fraction = refilling / len(running)
-    usage_key = "token_usage" if _series(samples, "token_usage") else "full_token_usage"
+    usage_key = kv_usage_key(samples, kv_usage_metric)
+    stats.kv_usage_metric = f"sglang:{usage_key}"
     usage = _series(samples, usage_key)
-    stats.token_usage_mean, stats.token_usage_p90 = _mean(usage), _quantile(usage, 0.9)
+    stats.kv_usage_mean, stats.kv_usage_p90 = _mean(usage), _quantile(usage, 0.9)
     stats.mamba_usage_mean = _mean(_series(samples, "mamba_usage"))
     stats.gen_throughput_mean = _mean(_series(samples, "gen_throughput"))
     total = [(float(s["t"]), float(s["generation_tokens_total"])) for s in samples if "generation_tokens_total" in s]
@@ -91,7 +111,7 @@ def window_stats(samples: Sequence[Mapping[str, Any]], effective_max: int | None
             continue
         used = s.get("num_used_tokens")
         if not isinstance(used, (int, float)):
-            share = s.get("token_usage", s.get("full_token_usage"))
+            share = s.get(usage_key)
             cap = s.get("max_total_num_tokens") or kv_tokens
             used = share * cap if isinstance(share, (int, float)) and cap else None
         if isinstance(used, (int, float)):

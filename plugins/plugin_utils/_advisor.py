@@ -9,7 +9,8 @@ Diagnoses (per instance, over the observed window):
   fit in memory per :mod:`._capacity` - more ``max_mamba_cache_size``, ``mem_fraction_static`` up
   to what the GPU has idle, ``no_buffer`` / ``extra_buffer_lazy`` instead of ``extra_buffer`` where
   the release has the choice, ``max_running_requests`` raised with it.
-* ``kv-bound`` - the KV cache is nearly full (``sglang:token_usage``), or its half binds the max.
+* ``kv-bound`` - the KV cache is nearly full (``sglang:full_token_usage``; 0.5.9: ``sglang:token_usage``),
+  or its half binds the max.
   Proposed: more memory for the KV cache (``mem_fraction_static``, fewer Mamba slots where they
   are idle) - never more Mamba slots.
 * ``max-running-bound`` - pinned at the max while the Mamba slots and the KV cache have room: the
@@ -65,6 +66,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts impo
     derive_model_facts,
     internal_state,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import release_facts
 
 # The advisor's names, for its callers (the action plugin, the tests).
 __all__ = [
@@ -106,7 +108,9 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     eff = eff if isinstance(eff, int) else None
     kv_tokens = info.get("max_total_num_tokens") if info else None
     samples = [s for s in obs.get("samples") or [] if isinstance(s, Mapping)]
-    stats = window_stats(samples, eff, kv_tokens if isinstance(kv_tokens, int) else None)
+    facts = release_facts(ev.flag_table)
+    kv_metric = facts.kv_usage_metric if facts is not None else None
+    stats = window_stats(samples, eff, kv_tokens if isinstance(kv_tokens, int) else None, kv_metric)
     advice.stats = stats
     if obs.get("metrics_errors"):
         advice.problems.extend(str(e) for e in obs["metrics_errors"])
@@ -147,7 +151,9 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
         advice.capacity = plan.to_dict()
         advice.model_check = _model_check(plan, derived, eff, advice.problems)
 
-    advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy)
+    cap = derived.observed.get("logged_mamba_cap")
+    mamba_capped = isinstance(cap, Mapping) and cap.get("max_running_requests") == eff
+    advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy, mamba_capped)
     if advice.diagnosis in (MAMBA_BOUND, MAX_RUNNING_BOUND, KV_BOUND):
         if plan is None or derived.facts is None or ev.gpu_total_mib is None:
             advice.problems.append("no proposal: the model's memory facts are not known (see model facts)")
@@ -198,18 +204,23 @@ def diagnose(
     info: Mapping[str, Any],
     ev: Evidence,
     policy: Policy,
+    mamba_capped: bool = False,
 ) -> tuple[str, list[str]]:
-    """The diagnosis and the evidence for it, in the terms of a dashboard."""
+    """The diagnosis and the evidence for it, in the terms of a dashboard.
+
+    What caps the running requests is ``effective_max_running_requests_per_dp`` against the
+    running requests and the queue, and the memory arithmetic (or, without it, the 0.5.18+
+    journal's "capped ... by the mamba state cache" line) says what sets it. ``sglang:mamba_usage``
+    is occupancy (slots held by running and radix-cached requests over the pool, 0.5.23
+    ``pool_stats_observer.py:270-293``): at the cap it need not be near 1, so it is shown, not used.
+    """
     why: list[str] = []
     pinned = (stats.pinned_fraction or 0.0) >= policy.pinned_fraction
     backlog = (stats.queue_mean or 0.0) >= policy.queue_min
-    mamba_full = (stats.mamba_usage_mean or 0.0) >= policy.mamba_full
-    kv_full = (stats.token_usage_p90 or 0.0) >= policy.kv_full
+    kv_full = (stats.kv_usage_p90 or 0.0) >= policy.kv_full
     binding = plan.binding if plan is not None else None
-    if binding is None:
-        k = internal_state(info).get("max_mamba_cache_size")
-        if mamba_full and isinstance(k, int):
-            binding = "mamba"
+    if binding is None and mamba_capped:
+        binding = "mamba"
     pct = round(100 * (stats.pinned_fraction or 0.0))
     if pinned:
         refill = round(100 * (stats.refill_fraction or 0.0))
@@ -224,11 +235,9 @@ def diagnose(
         )
     why.append(f"sglang:num_queue_reqs mean {fmt(stats.queue_mean, 1)} (max {fmt(stats.queue_max)})")
     if stats.mamba_usage_mean is not None:
-        why.append(f"sglang:mamba_usage {stats.mamba_usage_mean:.2f}")
-    if stats.token_usage_mean is not None:
-        why.append(
-            f"sglang:token_usage {stats.token_usage_mean:.2f} (90th percentile {stats.token_usage_p90 or 0:.2f})"
-        )
+        why.append(f"sglang:mamba_usage {stats.mamba_usage_mean:.2f} (occupancy of the Mamba pool)")
+    if stats.kv_usage_mean is not None:
+        why.append(f"{stats.kv_usage_metric} {stats.kv_usage_mean:.2f} (90th percentile {stats.kv_usage_p90 or 0:.2f})")
     tput = stats.gen_throughput_mean
     if tput is not None or stats.generation_rate is not None:
         why.append(
@@ -257,7 +266,7 @@ def diagnose(
 
     decode_knee = knee(settings, policy)
     if kv_full:
-        return KV_BOUND, [*why, f"the KV cache is nearly full (token usage >= {policy.kv_full})"]
+        return KV_BOUND, [*why, f"the KV cache is nearly full ({stats.kv_usage_metric} >= {policy.kv_full})"]
     if pinned:
         if eff >= decode_knee:
             return COMPUTE_BOUND, [
@@ -267,7 +276,7 @@ def diagnose(
             ]
         if binding == "kv":
             return KV_BOUND, [*why, "the KV cache sets the effective max"]
-        if binding == "mamba" or mamba_full:
+        if binding == "mamba":
             return MAMBA_BOUND, [*why, "the Mamba state slots set the effective max"]
         if binding in ("requested", "default"):
             return MAX_RUNNING_BOUND, [

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings, at_least
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
 
 # Speculative algorithms that reset an unset --max-running-requests to 48 (all releases).
 SPEC_RESETS_MRR = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "NGRAM"})
@@ -181,11 +182,25 @@ def resolve_strategy(release: str, settings: Settings, architecture: str | None 
         if strategy == "auto":
             supports = architecture not in NO_EXTRA_BUFFER
             strategy = "extra_buffer" if (overlap or page > 1) and supports else "no_buffer"
+            # Only auto resolving to no_buffer turns the overlap scheduler off itself (0.5.23
+            # arg_groups/overrides.py:477-486); an explicit no_buffer with it on is refused below.
+            if strategy == "no_buffer" and radix and overlap:
+                overlap = False
+                notes.append("auto resolves to no_buffer, which turns the overlap scheduler off")
         elif strategy == "extra_buffer" and architecture in NO_EXTRA_BUFFER:
             error = f"{architecture} rejects the mamba strategy extra_buffer"
-        if strategy == "no_buffer" and radix and overlap:
-            overlap = False
-            notes.append("no_buffer turns the overlap scheduler off")
+        refusals = startup_refusals(
+            release,
+            {
+                "mamba_radix_cache_strategy": settings.mamba_scheduler_strategy or "auto",
+                "disable_radix_cache": not radix,
+                "disable_overlap_schedule": settings.disable_overlap_schedule,
+                "page_size": settings.page_size,
+                "speculative_num_draft_tokens": settings.speculative_num_draft_tokens,
+            },
+        )
+        if refusals and error is None:
+            error = refusals[0]
     if not radix:
         ratio = 1
     else:

@@ -37,6 +37,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
     is_int,
     parallel_problem,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
     LAUNCH_MODULE,
     env_value,
@@ -250,6 +251,8 @@ def _launch_args(
             owned.append(item)
     checked = check_items(table, flag_version, [i for i in items if i not in owned])
     problems.extend(checked.problems)
+    if not checked.problems:
+        problems.extend(startup_refusals(flag_version, checked.args, label))
     tp, problem = parallel_problem(layout, checked, label)
     if problem:
         problems.append(problem)

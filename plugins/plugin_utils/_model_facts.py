@@ -9,9 +9,13 @@ The evidence, best first (the reference's log lines and ``/server_info``):
   (hybrid models: the state of one slot is ``(a + b) / (K + padding)``),
   ``KV Cache is allocated. [dtype: ..., ]#tokens: N, K size: x GB, V size: y GB`` (the KV cell is
   ``(x + y) / N``) and ``max_total_num_tokens=..., max_running_requests=R, context_len=L, ...``;
-* ``/server_info``: ``internal_states[0].memory_usage`` (``weight``, ``kvcache`` = KV + Mamba pools,
-  ``token_capacity``, from 0.5.18 ``startup_available``), ``max_total_num_tokens``,
-  ``max_req_input_len``, ``internal_states[0].max_mamba_cache_size``.
+* ``/server_info``: ``internal_states[0].memory_usage`` (``weight``: the target model's weights;
+  ``kvcache``: the target's KV pool only, not the Mamba pool nor the draft's KV (0.5.9
+  ``managers/scheduler.py:2655``, 0.5.23 ``mem_cache/memory_pool.py:4359-4362``);
+  ``token_capacity``; from 0.5.18 ``startup_available``, the free memory after the pools and the
+  CUDA graphs (0.5.23 ``managers/scheduler.py:1262-1276``), which says nothing about the memory
+  before the weights), ``max_total_num_tokens``, ``max_req_input_len``,
+  ``internal_states[0].max_mamba_cache_size``.
 
 SGLang's "GB" in these lines is GiB (bytes / 2**30), printed with 2 decimals (``memory_usage``: 2
 decimals up to 0.5.17, 3 from 0.5.18): a fact is as precise as that, about 0.1% for the pools of a
@@ -150,8 +154,20 @@ def parse_mamba_cap_warning(line: str) -> tuple[int, int, int] | None:
 
 @dataclass
 class StartupLines:
-    """The startup lines of one run of an instance (the last of each kind wins: a unit's journal
-    for one invocation holds one start)."""
+    """The startup lines of one run of an instance (a unit's journal for one invocation holds one
+    start), the target model's first.
+
+    With speculative decoding (MTP/EAGLE) the draft model has its own model runner and its own
+    lines (the golden journals in tests/unit/fixtures/journals). From 0.5.14 it loads before the
+    target's pools are sized: its weight lines come before the pools, and its one-layer KV pool
+    logs a second ``KV Cache is allocated`` line with the same ``#tokens`` right after the
+    target's; the target's pool was sized with the draft's layer in each token's cell (0.5.23
+    ``model_executor/pool_configurator.py:258-273``). On 0.5.9 it loads after the target's pools
+    and CUDA graphs: its lines come after a new ``Load weight begin``, and the target's pools were
+    sized without it. So the weights are every ``Load weight end`` before the first pool, the KV
+    cell every KV line of the same ``#tokens`` before the next ``Load weight begin``, and the memory
+    before the weights comes from the first ``Load weight`` line (the target's).
+    """
 
     load_weight_begin_gib: float | None = None
     load_weight_end: LoadWeightEnd | None = None
@@ -160,6 +176,12 @@ class StartupLines:
     summary: SchedulerSummary | None = None
     mamba_cap: tuple[int, int, int] | None = None
     kv_reduced: tuple[int, int] | None = None
+    # Weights loaded before the pools were sized (target, and the draft on 0.5.14+), in order.
+    weights_before_pools: list[LoadWeightEnd] = field(default_factory=list)
+    # The KV lines sized together: the target's, and the draft's of the same #tokens on 0.5.14+.
+    kv_sized_together: list[KVCacheLine] = field(default_factory=list)
+    # Lines of a later model runner (0.5.9's draft), left out of the facts.
+    later_runner_lines: int = 0
 
     def found(self) -> list[str]:
         names = {
@@ -173,28 +195,62 @@ class StartupLines:
         }
         return [text for key, text in names.items() if getattr(self, key) is not None]
 
+    @property
+    def weights_gib(self) -> float | None:
+        if not self.weights_before_pools:
+            return self.load_weight_end.weights_gib if self.load_weight_end is not None else None
+        return sum(w.weights_gib for w in self.weights_before_pools)
+
+    @property
+    def kv_gib(self) -> float:
+        return sum(k.k_gib + k.v_gib for k in self.kv_sized_together)
+
 
 def parse_startup_lines(lines: Iterable[str]) -> StartupLines:
     out = StartupLines()
+    pools_seen = False
+    later_runner = False  # a model runner started after the target's pools (0.5.9's draft)
     for line in lines:
         begin = parse_load_weight_begin(line)
         if begin is not None:
-            out.load_weight_begin_gib = begin
+            if pools_seen:
+                later_runner = True
+            if out.load_weight_begin_gib is None:
+                out.load_weight_begin_gib = begin
             continue
-        for attr, parser in (
-            ("load_weight_end", parse_load_weight_end),
-            ("mamba", parse_mamba_cache),
-            ("kv", parse_kv_cache),
-            ("summary", parse_scheduler_summary),
-            ("mamba_cap", parse_mamba_cap_warning),
-        ):
+        if later_runner and (LOAD_WEIGHT_END.search(line) or MAMBA_CACHE.search(line) or KV_CACHE.search(line)):
+            out.later_runner_lines += 1
+            continue
+        end = parse_load_weight_end(line)
+        if end is not None:
+            if out.load_weight_end is None:
+                out.load_weight_end = end
+            if not pools_seen:
+                out.weights_before_pools.append(end)
+            continue
+        mamba = parse_mamba_cache(line)
+        if mamba is not None:
+            pools_seen = True
+            if out.mamba is None:
+                out.mamba = mamba
+            continue
+        kv = parse_kv_cache(line)
+        if kv is not None:
+            pools_seen = True
+            if out.kv is None:
+                out.kv = kv
+            if kv.tokens == out.kv.tokens:
+                out.kv_sized_together.append(kv)
+            continue
+        for attr, parser in (("summary", parse_scheduler_summary), ("mamba_cap", parse_mamba_cap_warning)):
             value = parser(line)
             if value is not None:
-                setattr(out, attr, value)
+                if getattr(out, attr) is None:
+                    setattr(out, attr, value)
                 break
         else:
             m = KV_REDUCED_WARNING.search(line)
-            if m:
+            if m and out.kv_reduced is None:
                 out.kv_reduced = (int(m.group(1)), int(m.group(2)))
     return out
 
@@ -285,9 +341,12 @@ def derive_model_facts(
 
     # Weights.
     weights = None
-    if lines.load_weight_end is not None:
-        weights = lines.load_weight_end.weights_gib
-        sources["weights_gib"] = "journal: Load weight end (mem usage)"
+    if lines.weights_gib is not None:
+        weights = lines.weights_gib
+        count = len(lines.weights_before_pools)
+        sources["weights_gib"] = "journal: Load weight end (mem usage)" + (
+            f", the {count} model runners loaded before the pools (target and draft)" if count > 1 else ""
+        )
     elif _float(usage.get("weight")) is not None:
         weights = _float(usage.get("weight"))
         sources["weights_gib"] = "/server_info: internal_states[0].memory_usage.weight"
@@ -303,14 +362,9 @@ def derive_model_facts(
         elif lines.load_weight_begin_gib is not None:
             overhead = total_gib - lines.load_weight_begin_gib
             sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight begin (avail mem)"
-        elif _float(usage.get("startup_available")) is not None:
-            overhead = total_gib - float(usage["startup_available"])
-            sources["overhead_gib"] = "nvidia-smi memory.total - /server_info memory_usage.startup_available"
         else:
-            problems.append(
-                "memory in use before the weights: no 'Load weight' line in the journal and no "
-                "/server_info memory_usage.startup_available (0.5.18+)"
-            )
+            # memory_usage.startup_available is what was free after the pools and CUDA graphs.
+            problems.append("memory in use before the weights: no 'Load weight' line in the journal")
         if overhead is not None:
             overhead = max(overhead, 0.0)
     else:
@@ -337,19 +391,23 @@ def derive_model_facts(
 
     # KV bytes per token.
     kv_cell = 0.0
-    if lines.kv is not None and lines.kv.tokens > 0 and lines.kv.k_gib + lines.kv.v_gib > 0:
-        kv_cell = (lines.kv.k_gib + lines.kv.v_gib) * GIB / lines.kv.tokens
-        sources.update({_KV_CELL: "journal: KV Cache is allocated ((K size + V size) / #tokens)"})
+    if lines.kv is not None and lines.kv.tokens > 0 and lines.kv_gib > 0:
+        kv_cell = lines.kv_gib * GIB / lines.kv.tokens
+        pools = len(lines.kv_sized_together)
+        sources.update(
+            {
+                _KV_CELL: "journal: KV Cache is allocated ((K size + V size) / #tokens"
+                + (f", the target's and the draft's {pools} pools of the same #tokens)" if pools > 1 else ")")
+            }
+        )
     else:
         capacity = _int(usage.get("token_capacity"))
         kvcache = _float(usage.get("kvcache"))
-        if capacity and kvcache is not None:
-            pools = kvcache
-            if hybrid and lines.mamba is not None:
-                pools = kvcache - lines.mamba.pool_gib - lines.mamba.intermediate_gib
-            if pools > 0 and (not hybrid or lines.mamba is not None):
-                kv_cell = pools * GIB / capacity
-                sources.update({_KV_CELL: "/server_info: memory_usage (kvcache - Mamba pools) / token_capacity"})
+        spec = bool((server_info or {}).get("speculative_algorithm"))
+        if capacity and kvcache is not None and kvcache > 0 and not spec:
+            # kvcache is the target's KV pool alone; with a draft model its layer is missing.
+            kv_cell = kvcache * GIB / capacity
+            sources.update({_KV_CELL: "/server_info: memory_usage kvcache (the KV pool) / token_capacity"})
         if kv_cell <= 0:
             problems.append(
                 "KV bytes per token: no 'KV Cache is allocated' line in the journal and /server_info "

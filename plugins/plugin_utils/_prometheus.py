@@ -1,11 +1,15 @@
 """Reading an instance's SGLang metrics over a window from Prometheus's HTTP API (a range query
 per metric), as the same samples the host agent's ``observe`` takes from ``/metrics``.
 
-Each gauge is the largest value over the instance's series (TP/DP ranks), each counter the sum
-over its series (``is_streaming``, ...), as ``observe`` does. The instance's series are chosen by a
-label selector: by default ``host="{inventory_hostname}",instance_name="{name}"``, the labels the
-collection's monitoring role gives every target; ``instance="{host}:{port}"`` (the scrape target)
-suits a Prometheus set up otherwise. Its placeholders are ``{host}`` (``ansible_host``, else the
+Each gauge is the largest value over the instance's series (TP/DP ranks; with priority
+scheduling the request-count gauges hold the total under ``priority=""`` beside one series per
+priority, so the largest is the total), each counter the sum over its series (``is_streaming``,
+...), as ``observe`` does. KV usage is ``sglang:full_token_usage`` from 0.5.14 on (there
+``sglang:token_usage`` is the fullest pool); both are read, and the window takes the release's.
+The instance's series are chosen by a label selector: by default
+``host="{inventory_hostname}",instance_name="{name}"``, the labels the collection's monitoring
+role gives every target; ``instance="{host}:{port}"`` (the scrape target) suits a Prometheus set
+up otherwise. Its placeholders are ``{host}`` (``ansible_host``, else the
 inventory name), ``{inventory_hostname}``, ``{port}`` and ``{name}`` (the instance name).
 """
 
@@ -27,6 +31,7 @@ QUERIES: Mapping[str, tuple[str, str]] = {
     "num_queue_reqs": ("sglang:num_queue_reqs", "max"),
     "num_used_tokens": ("sglang:num_used_tokens", "max"),
     "token_usage": ("sglang:token_usage", "max"),
+    "full_token_usage": ("sglang:full_token_usage", "max"),
     "mamba_usage": ("sglang:mamba_usage", "max"),
     "gen_throughput": ("sglang:gen_throughput", "max"),
     "max_total_num_tokens": ("sglang:max_total_num_tokens", "max"),

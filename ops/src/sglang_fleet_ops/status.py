@@ -26,6 +26,7 @@ METRICS = {
     "running_requests": "sglang:num_running_reqs",
     "queued_requests": "sglang:num_queue_reqs",
     "token_usage": "sglang:token_usage",
+    "full_token_usage": "sglang:full_token_usage",
     "mamba_usage": "sglang:mamba_usage",
     "gen_throughput_tok_s": "sglang:gen_throughput",
 }
@@ -45,6 +46,11 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         key = wanted[match.group(1)]
         out[key] = max(out.get(key, value), value)
+    # The KV cache's usage: sglang:full_token_usage from SGLang 0.5.14 on, where token_usage is the
+    # fullest of the KV, SWA and Mamba pools; 0.5.9 has only token_usage, the KV cache's.
+    kv = out.get("full_token_usage", out.get("token_usage"))
+    if kv is not None:
+        out["kv_usage"] = kv
     return out
 
 
@@ -171,6 +177,7 @@ def host_status(view: HostView) -> dict[str, Any]:
             "effective_max_running_requests": fact.get("effective_max_running_requests"),
             "running_requests": usage.get("running_requests"),
             "queued_requests": usage.get("queued_requests"),
+            "kv_usage": usage.get("kv_usage"),
             "token_usage": usage.get("token_usage"),
             "mamba_usage": usage.get("mamba_usage"),
             "gen_throughput_tok_s": usage.get("gen_throughput_tok_s"),
@@ -230,7 +237,7 @@ def _duration(seconds: Any) -> str:
 def status_table(status: dict[str, Any]) -> str:
     header = (
         "host/instance", "unit", "pid", "uptime", "health", "settings", "run/queue/max",
-        "tokens", "mamba", "gen tok/s", "GPU MiB",
+        "KV", "mamba", "gen tok/s", "GPU MiB",
     )  # fmt: skip
     rows = [header]
     for host, entry in status["hosts"].items():
@@ -249,7 +256,7 @@ def status_table(status: dict[str, Any]) -> str:
                     settings,
                     f"{_num(i['running_requests'])}/{_num(i['queued_requests'])}/"
                     f"{_num(i['effective_max_running_requests'])}",
-                    _num(i["token_usage"], "{:.2f}"),
+                    _num(i["kv_usage"], "{:.2f}"),
                     _num(i["mamba_usage"], "{:.2f}"),
                     _num(i["gen_throughput_tok_s"], "{:.1f}"),
                     gpus,

@@ -19,6 +19,7 @@ from ansible.vars.manager import VariableManager
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings import compare_server_info
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import SWITCH, load_table
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import LAUNCH_MODULE, expected_server_info
@@ -108,11 +109,26 @@ def test_every_instance_argv_parses_back_to_its_args(
 
 
 def test_the_same_tuning_on_the_other_version_still_renders(example_hostvars: dict[str, dict[str, Any]]) -> None:
-    """Moving pve-rtx to 0.5.23 needs no inventory change beyond the version."""
+    """Moving pve-rtx to 0.5.23 needs no inventory change beyond the version: it writes
+    disable_overlap_schedule down with no_buffer, which 0.5.14+ require."""
     upgraded = {**example_hostvars["pve-rtx"], "sglang_server_version": "0.5.23"}
     [first, *_] = resolve_instances("pve-rtx", upgraded)
     assert first["args"]["mamba_radix_cache_strategy"] == "no_buffer"
+    assert first["args"]["disable_overlap_schedule"] is True
     assert "--mamba-radix-cache-strategy" in first["argv"]
+    assert "--disable-overlap-schedule" in first["argv"]
+
+
+def test_no_buffer_without_disable_overlap_schedule_would_not_start_on_0_5_23(
+    example_hostvars: dict[str, dict[str, Any]],
+) -> None:
+    """What the inventory said before: 0.5.23 refuses it at startup, so the validator does."""
+    args = {**example_hostvars["pve-rtx"]["sglang_server_host_args"], "disable_overlap_schedule": None}
+    upgraded = {**example_hostvars["pve-rtx"], "sglang_server_version": "0.5.23", "sglang_server_host_args": args}
+    with pytest.raises(ServerArgsError, match="no_buffer do not support overlap schedule"):
+        resolve_instances("pve-rtx", upgraded)
+    # 0.5.9 turns the overlap scheduler off itself: the same settings start there.
+    assert resolve_instances("pve-rtx", {**upgraded, "sglang_server_version": "0.5.9"})
 
 
 # --------------------------------------------------------------------------------------------------

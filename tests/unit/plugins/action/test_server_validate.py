@@ -127,3 +127,22 @@ def test_inventory_templates_are_resolved() -> None:
 def test_options_are_refused() -> None:
     with pytest.raises(AnsibleActionFail, match="hostvars_override"):
         make_action(args={"hostvars_override": {}}).run(task_vars=task_vars())
+
+
+def test_settings_the_release_refuses_at_startup_fail_before_anything_runs() -> None:
+    """retune.yml validates every host first: an explicit no_buffer without
+    disable_overlap_schedule on 0.5.23 fails here, naming SGLang's own message and the fix, and
+    nothing runs on the host (no PID changes)."""
+    action = make_action()
+    result = action.run(task_vars=task_vars(sglang_server_host_args={"mamba_radix_cache_strategy": "no_buffer"}))
+    assert result["failed"] is True and "instances" not in result
+    assert len(result["problems"]) == 2  # one per instance
+    first = result["problems"][0]
+    assert first.startswith("host b200-node, instance gpu0: SGLang 0.5.23 refuses to start with ")
+    assert "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True." in first
+    assert "(sglang/srt/arg_groups/mamba_hook.py:158); add disable_overlap_schedule: true" in first
+    action._execute_module.assert_not_called()  # type: ignore[attr-defined]
+    fixed = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
+    result = make_action().run(task_vars=task_vars(sglang_server_host_args=fixed))
+    assert not result.get("failed")
+    assert "--disable-overlap-schedule" in result["instances"][0]["argv"]

@@ -18,6 +18,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_pa
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_report as advice_report
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_host
 
 # FIRST_TUNING (simulated_instance): the 7 x B200 run's first tuning.
 # inventories/example/host_vars/b200-node.yml: the retune the run made.
@@ -31,8 +32,19 @@ RETUNED = {
 
 
 def samples(
-    n: int = 61, *, running: float, queue: float, token_usage: float, mamba_usage: float | None, gen: float, kv: int
+    n: int = 61,
+    *,
+    running: float,
+    queue: float,
+    token_usage: float,
+    mamba_usage: float | None,
+    gen: float,
+    kv: int,
+    release: str = "0.5.23",
 ) -> list[dict[str, Any]]:
+    """The gauges as the release exports them: ``token_usage`` here is the KV cache's usage, which
+    0.5.14+ export as ``full_token_usage``; their ``token_usage`` is the fullest pool
+    (pool_stats_observer.get_max_pool_usage); 0.5.9's is the KV cache's."""
     out = []
     for i in range(n):
         s: dict[str, Any] = {
@@ -47,6 +59,9 @@ def samples(
         }
         if mamba_usage is not None:
             s["mamba_usage"] = mamba_usage
+        if release != "0.5.9":
+            s["full_token_usage"] = token_usage
+            s["token_usage"] = round(max(token_usage, mamba_usage or 0.0), 2)
         out.append(s)
     return out
 
@@ -70,13 +85,22 @@ def evidence(
     eff = plan.max_running
     run = eff if running is None else running
     if mamba_usage is None and plan.mamba_k:
-        mamba_usage = round(run * plan.mamba_ratio / plan.mamba_k, 2)
+        # Occupancy: each running request holds its working slot and extra_buffer's tracking
+        # slots (5 per request reserved with overlap on, 3 held), not the reserve the pool is sized by.
+        held = plan.mamba_ratio - 2 if plan.mamba_ratio >= 3 else 1
+        mamba_usage = round(run * held / plan.mamba_k, 2)
     observation = {
         "running": True,
         "server_info": info,
         "journal": journal,
         "samples": samples(
-            running=run, queue=queue, token_usage=token_usage, mamba_usage=mamba_usage, gen=gen, kv=plan.kv_tokens
+            running=run,
+            queue=queue,
+            token_usage=token_usage,
+            mamba_usage=mamba_usage,
+            gen=gen,
+            kv=plan.kv_tokens,
+            release=release,
         ),
     }
     return advisor.Evidence(
@@ -113,8 +137,8 @@ def test_the_b200_run_is_mamba_bound_and_gets_more_slots_within_memory() -> None
     assert advice.why[:4] == [
         "sglang:num_running_reqs = 16 = effective max 16 for 100% of the window",
         "sglang:num_queue_reqs mean 240 (max 240)",
-        "sglang:mamba_usage 1.00",
-        "sglang:token_usage 0.03 (90th percentile 0.03)",
+        "sglang:mamba_usage 0.60 (occupancy of the Mamba pool)",
+        "sglang:full_token_usage 0.03 (90th percentile 0.03)",
     ]
     assert (
         "/server_info effective_max_running_requests_per_dp 16 = max_mamba_cache_size 80 // 5 Mamba slots per "
@@ -201,7 +225,7 @@ def test_a_kv_bound_instance_gets_no_more_mamba_slots() -> None:
     ev = evidence(args, 0.854, running=30, queue=100, token_usage=0.95, gpu_used=B200 - 24370)
     advice = advisor.advise_instance(ev)
     assert advice.diagnosis == advisor.KV_BOUND
-    assert "the KV cache is nearly full (token usage >= 0.9)" in advice.why
+    assert "the KV cache is nearly full (sglang:full_token_usage >= 0.9)" in advice.why
     proposals = all_proposals(advice)
     assert proposals
     for prop in proposals:
@@ -501,3 +525,56 @@ def test_an_instance_running_other_settings_than_the_inventory_is_advised_on_wha
     assert prop.changes["max_mamba_cache_size"][0] == 200
     # Where the inventory and the server agree, nothing is said.
     assert advisor.running_drift(RETUNED, {"max_mamba_cache_size": 200, "mem_fraction_static": 0.93}) == {}
+
+
+@pytest.mark.parametrize("release", ["0.5.14", "0.5.23"])
+def test_a_no_buffer_proposal_turns_the_overlap_scheduler_off_and_counts_its_cost(release: str) -> None:
+    """0.5.14+ refuse an explicit no_buffer with the overlap scheduler on (the release's
+    mamba_hook / server_args assert): every proposal must start, so no_buffer comes with
+    disable_overlap_schedule: true, and the overlap it turns off is counted."""
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, release=release)
+    advice = advisor.advise_instance(ev)
+    proposals = all_proposals(advice)
+    with_no_buffer = [
+        p for p in proposals if p.changes.get("mamba_radix_cache_strategy", [None, None])[1] == "no_buffer"
+    ]
+    assert with_no_buffer, [p.changes for p in proposals]
+    for prop in with_no_buffer:
+        assert prop.changes["disable_overlap_schedule"] == [False, True]
+        assert any("runs without SGLang's overlap scheduler (disable_overlap_schedule: true" in n for n in prop.notes)
+    for prop in proposals:
+        new_args, new_mfs = applied(FIRST_TUNING, 0.854, prop)
+        hostvars = {
+            "sglang_server_version": release,
+            "sglang_server_model_path": "/models/qwen3.6-27b",
+            "sglang_server_gpu_count": 1,
+            "sglang_server_host_args": {**new_args, "mem_fraction_static": new_mfs},
+        }
+        assert resolve_host("b200-node", hostvars)
+
+
+def test_on_0_5_14_plus_token_usage_is_the_fullest_pool_not_the_kv_cache() -> None:
+    """A hybrid model at its Mamba cap: sglang:token_usage follows the Mamba pool (0.96), the KV
+    cache (sglang:full_token_usage) is 3% used. It is Mamba-bound, not KV-bound."""
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, mamba_usage=0.96)
+    assert {s["token_usage"] for s in ev.observation["samples"]} == {0.96}
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    assert "sglang:full_token_usage 0.03 (90th percentile 0.03)" in advice.why
+
+
+def test_the_mamba_cap_is_read_from_the_effective_max_not_from_occupancy() -> None:
+    """At the cap, mamba_usage (occupancy) need not be near 1: the effective max against the
+    running requests and the queue, with the arithmetic, say what caps it."""
+    ev = evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, mamba_usage=0.55)
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.MAMBA_BOUND
+    assert "sglang:mamba_usage 0.55 (occupancy of the Mamba pool)" in advice.why
+
+
+def test_0_5_9_reads_kv_usage_from_token_usage() -> None:
+    ev = evidence({**FIRST_TUNING}, 0.857, queue=10, token_usage=0.95, release="0.5.9")
+    assert all("full_token_usage" not in s for s in ev.observation["samples"])
+    stats = advisor.window_stats(ev.observation["samples"], 48, None, "sglang:token_usage")
+    assert stats.kv_usage_metric == "sglang:token_usage"
+    assert stats.kv_usage_mean == pytest.approx(0.95)

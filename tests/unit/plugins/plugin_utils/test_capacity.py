@@ -163,10 +163,24 @@ def test_v14_sizing_has_no_padding_slot() -> None:
         ("0.5.14", Settings(speculative_algorithm="EAGLE"), "extra_buffer", 5, True, True),
         ("0.5.14", Settings(speculative_algorithm="EAGLE", disable_overlap_schedule=True), "no_buffer", 3, False, True),
         ("0.5.14", Settings(disable_overlap_schedule=True, page_size=64), "extra_buffer", 4, False, True),
-        ("0.5.14", Settings(mamba_scheduler_strategy="no_buffer"), "no_buffer", 3, False, True),
+        (
+            "0.5.14",
+            Settings(mamba_scheduler_strategy="no_buffer", disable_overlap_schedule=True),
+            "no_buffer",
+            3,
+            False,
+            True,
+        ),
         ("0.5.23", Settings(mamba_scheduler_strategy="extra_buffer_lazy"), "extra_buffer_lazy", 4, True, True),
         ("0.5.23", Settings(skip_decode_lock=True), "extra_buffer", 4, True, True),
-        ("0.5.23", Settings(skip_decode_lock=True, mamba_scheduler_strategy="no_buffer"), "no_buffer", 3, False, True),
+        (
+            "0.5.23",
+            Settings(skip_decode_lock=True, mamba_scheduler_strategy="no_buffer", disable_overlap_schedule=True),
+            "no_buffer",
+            3,
+            False,
+            True,
+        ),
         ("0.5.14", Settings(skip_decode_lock=True), "extra_buffer", 5, True, True),
     ],
 )
@@ -180,6 +194,19 @@ def test_strategy_resolution_and_slots_per_request(
         overlap,
         radix,
     )
+
+
+@pytest.mark.parametrize("release", ["0.5.14", "0.5.23"])
+def test_an_explicit_no_buffer_with_the_overlap_scheduler_on_would_not_start(release: str) -> None:
+    """0.5.14+ assert it (the release's own message); only auto resolving to no_buffer turns overlap off."""
+    refused = resolve_strategy(release, Settings(mamba_scheduler_strategy="no_buffer"))
+    assert refused.error is not None
+    assert "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True." in refused.error
+    plan = plan_capacity(release, ILLUSTRATION_FACTS, 100 * 1024, Settings(mamba_scheduler_strategy="no_buffer"))
+    assert not plan.fits
+    auto = resolve_strategy(release, Settings(disable_overlap_schedule=True))
+    assert (auto.strategy, auto.overlap, auto.error) == ("no_buffer", False, None)
+    assert resolve_strategy("0.5.9", Settings(mamba_scheduler_strategy="no_buffer")).error is None
 
 
 def test_models_without_mamba_radix_support_and_extra_buffer_refusals() -> None:
@@ -314,7 +341,11 @@ CROSS = [
         "0.5.23",
         "qwen3.6-27b",
         B200,
-        {"mem_fraction_static": 0.93, "spec": True, "args": {"mamba_radix_cache_strategy": "no_buffer"}},
+        {
+            "mem_fraction_static": 0.93,
+            "spec": True,
+            "args": {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True},
+        },
     ),
     ("0.5.23", "qwen3.6-27b", RTX_PRO_6000, {"mem_fraction_static": 0.858}),
     ("0.5.9", "qwen3-8b", RTX_PRO_6000, {"mem_fraction_static": 0.863}),
@@ -336,6 +367,7 @@ def test_the_same_numbers_as_the_simulator(release: str, profile_name: str, gpu:
         max_running_requests=kw.get("max_running_requests"),
         max_total_tokens=inp.max_total_tokens,
         page_size=inp.page_size,
+        disable_overlap_schedule=bool((kw.get("args") or {}).get("disable_overlap_schedule")),
     )
     plan = predict_effective_max_running_requests(release, facts_of(inp.profile, inp), gpu, settings)
     assert plan.fits, plan.errors

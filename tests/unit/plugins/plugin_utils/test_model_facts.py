@@ -126,7 +126,9 @@ def test_facts_of_the_b200_run_from_its_journal() -> None:
     assert plan.kv_tokens == pytest.approx(941074, rel=1e-3)
 
 
-def test_without_the_journal_a_plain_model_still_has_facts_from_server_info() -> None:
+def test_without_the_journal_server_info_gives_the_kv_cell_but_not_the_memory_before_the_weights() -> None:
+    """memory_usage.startup_available is the free memory after the pools and the CUDA graphs (0.5.23
+    managers/scheduler.py:1262-1276), not before the weights; kvcache is the KV pool alone."""
     info = {
         "max_total_num_tokens": 400000,
         "max_req_input_len": 40959,
@@ -143,12 +145,18 @@ def test_without_the_journal_a_plain_model_still_has_facts_from_server_info() ->
         ],
     }
     derived = derive_model_facts("0.5.18", [], info, 143771)
+    assert derived.facts is None
+    assert derived.problems == ["memory in use before the weights: no 'Load weight' line in the journal"]
+    assert derived.sources["kv_bytes_per_token"] == "/server_info: memory_usage kvcache (the KV pool) / token_capacity"
+    assert derived.sources["context_length"] == "/server_info: max_req_input_len + 1"
+    # With the journal's first Load weight line the facts are complete.
+    begin = "[2026-01-05 10:00:00] Load weight begin. avail mem=139.21 GB"
+    derived = derive_model_facts("0.5.18", [begin], info, 143771)
     assert derived.problems == [] and derived.facts is not None
     assert not derived.facts.hybrid
     assert derived.facts.kv_bytes_per_token == pytest.approx(54.932 * GIB / 400000)
     assert derived.facts.context_length == 40960
     assert derived.facts.overhead_gib == pytest.approx(143771 / 1024 - 139.21)
-    assert derived.sources["context_length"] == "/server_info: max_req_input_len + 1"
 
 
 def test_a_hybrid_model_needs_its_mamba_line() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import window_stats
 
 
 class FakePrometheus:
@@ -116,3 +117,19 @@ def test_unreachable_and_bad_urls() -> None:
         _prometheus.range_query("file:///etc/passwd", "up", 0.0, 10.0, 5.0)
     with pytest.raises(_prometheus.PrometheusError, match="use the placeholders"):
         _prometheus.selector_for('instance="{hostname}"', host="h", port=1, name="n")
+
+
+def test_kv_usage_is_read_as_full_token_usage(prometheus: FakePrometheus) -> None:
+    """0.5.14+: token_usage is the fullest pool (the Mamba pool here), the KV cache's usage is
+    full_token_usage; the window reads the latter."""
+    prometheus.series = {
+        "sglang:num_running_reqs": [(1000.0, 16), (1005.0, 16)],
+        "sglang:token_usage": [(1000.0, 0.97), (1005.0, 0.97)],
+        "sglang:full_token_usage": [(1000.0, 0.03), (1005.0, 0.03)],
+    }
+    samples, problems = _prometheus.read_samples(prometheus.url, 'instance_name="gpu0"', 1000.0, 1005.0, 5.0)
+    assert problems == []
+    assert [s["full_token_usage"] for s in samples] == [0.03, 0.03]
+    assert any(q["query"] == 'max(sglang:full_token_usage{instance_name="gpu0"})' for q in prometheus.queries)
+    stats = window_stats(samples, 16, 941074, "sglang:full_token_usage")
+    assert (stats.kv_usage_metric, stats.kv_usage_mean) == ("sglang:full_token_usage", 0.03)

@@ -20,6 +20,7 @@ NEW = {
     "mem_fraction_static": 0.93,
     "max_running_requests": 52,
     "mamba_radix_cache_strategy": "no_buffer",
+    "disable_overlap_schedule": True,
 }
 
 

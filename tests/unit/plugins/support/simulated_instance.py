@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpusim import memory, profiles
+from gpusim import memory, profiles, release_facts
 from gpusim.resolve import Resolved, _resolve_mamba
 from gpusim.versions import Version
 
@@ -32,20 +32,27 @@ FIRST_TUNING: dict[str, Any] = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3",
 # What the simulator (worker.py and api.py, which follow the reference) prints and serves for
 # qwen3.6-27b on a B200 with SGLang 0.5.23, EAGLE (MTP, 4 draft tokens), 80 Mamba slots,
 # mamba_full_memory_ratio 0.4 and SGLang's own mem_fraction_static: the demo's first tuning, as the
-# 7 x B200 run had it before its retune. (simulate() below writes the same lines but the cap warning.)
+# 7 x B200 run had it before its retune: the target's weight lines, then the MTP draft's (its own
+# runner, loaded before the pools on 0.5.14+), the pools, the draft's one-layer KV pool.
+# (simulate() below writes the same lines but the cap warning.)
 SIM_B200_JOURNAL = [
     "[2026-01-05 10:00:00] Load weight begin. avail mem=178.56 GB",
-    "[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type=Qwen3_5ForCausalLM, avail mem=125.91 GB, "
-    "mem usage=52.65 GB.",
-    "[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.81GB, "
-    "ssm_state size: 20.25GB intermediate_ssm_state_cache size: 17.00GB intermediate_conv_window_cache size: 0.68GB ",
-    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 30.51 GB, "
-    "V size: 30.51 GB",
-    "[2026-01-05 10:00:04] max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, "
+    "[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type=Qwen3_5ForCausalLM, avail mem=126.76 GB, "
+    "mem usage=51.80 GB.",
+    "[2026-01-05 10:00:02] Load weight begin. avail mem=126.76 GB",
+    "[2026-01-05 10:00:03] Load weight end. elapsed=0.05 s, type=Qwen3_5ForCausalLMMTP, avail mem=125.91 GB, "
+    "mem usage=0.85 GB.",
+    "[2026-01-05 10:00:03] max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, "
     "5 state slots per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or "
     "halve the state size with --mamba-ssm-dtype bfloat16.",
+    "[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.81GB, "
+    "ssm_state size: 20.25GB intermediate_ssm_state_cache size: 17.00GB intermediate_conv_window_cache size: 0.68GB ",
+    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 28.72 GB, "
+    "V size: 28.72 GB",
+    "[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 941074, K size: 1.79 GB, "
+    "V size: 1.79 GB",
     "[2026-01-05 10:00:04] max_total_num_tokens=941074, chunked_prefill_size=16384, max_prefill_tokens=16384, "
-    "max_running_requests=16, context_len=262144, available_gpu_mem=178.56 GB",
+    "max_running_requests=16, context_len=262144, available_gpu_mem=23.80 GB",
 ]
 SIM_B200_SERVER_INFO: dict[str, Any] = {
     **MTP_AND_80_SLOTS,
@@ -61,9 +68,9 @@ SIM_B200_SERVER_INFO: dict[str, Any] = {
             "effective_max_running_requests_per_dp": 16,
             "max_mamba_cache_size": 80,
             "memory_usage": {
-                "weight": 52.65,
-                "kvcache": 99.769,
-                "startup_available": 178.562,
+                "weight": 51.8,
+                "kvcache": 57.439,
+                "startup_available": 23.799,
                 "token_capacity": 941074,
                 "token_capacity_swa": None,
             },
@@ -148,11 +155,23 @@ def simulate(
     prof = inp.profile
     plan = memory.plan(inp)
     assert memory.check_headroom(inp, plan) is None, "the activations and CUDA graphs would not fit"
+    # With MTP on 0.5.14+ the draft's own runner loads before the target's pools and logs its own
+    # weight and one-layer KV lines (as worker.py writes them, from facts/<version>.json).
+    draft_w = prof.draft_weights_gib if inp.spec_mtp else 0.0
+    split = draft_w > 0 and release_facts.draft_before_target_pools(release)
+    target_w = plan.weights_gib - draft_w if split else plan.weights_gib
+    share = prof.attention_layers / (prof.attention_layers + prof.draft_layers) if split else 1.0
     journal = [
         f"[2026-01-05 10:00:00] Load weight begin. avail mem={plan.avail_start_gib:.2f} GB",
         f"[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type={prof.architectures[0]}, "
-        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB.",
+        f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - target_w:.2f} GB, mem usage={target_w:.2f} GB.",
     ]
+    if split:
+        journal += [
+            f"[2026-01-05 10:00:02] Load weight begin. avail mem={plan.avail_after_weights_gib + draft_w:.2f} GB",
+            f"[2026-01-05 10:00:03] Load weight end. elapsed=0.05 s, type={prof.architectures[0]}MTP, "
+            f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={draft_w:.2f} GB.",
+        ]
     if plan.mamba_k is not None:
         line = (
             f"[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
@@ -164,13 +183,17 @@ def simulate(
                 f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
             )
         journal.append(line)
-    journal += [
-        f"[2026-01-05 10:00:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.kv_tokens}, "
-        f"K size: {plan.k_gib:.2f} GB, V size: {plan.v_gib:.2f} GB",
+    kv_dtype = "dtype: torch.bfloat16, " if inp.version.kv_line_has_dtype else ""
+    for part in [share, 1.0 - share] if split else [1.0]:
+        journal.append(
+            f"[2026-01-05 10:00:03] KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, "
+            f"K size: {plan.k_gib * part:.2f} GB, V size: {plan.v_gib * part:.2f} GB"
+        )
+    journal.append(
         f"[2026-01-05 10:00:04] max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size=16384, "
         f"max_prefill_tokens=16384, max_running_requests={plan.max_running}, context_len={prof.context_length}, "
-        f"available_gpu_mem={plan.avail_start_gib:.2f} GB",
-    ]
+        f"available_gpu_mem={plan.avail_after_graph_gib():.2f} GB"
+    )
     info = {
         **{k: v for k, v in a.items() if not k.startswith("_")},
         "mem_fraction_static": mem_fraction_static,
@@ -182,10 +205,11 @@ def simulate(
             {
                 "effective_max_running_requests_per_dp": plan.max_running,
                 "max_mamba_cache_size": plan.mamba_k,
+                # The target's weights and KV pool; the free memory after the pools and graphs.
                 "memory_usage": {
-                    "weight": round(plan.weights_gib, 3),
-                    "kvcache": round(plan.kv_gib + plan.mamba_gib, 3),
-                    "startup_available": round(plan.avail_start_gib, 3),
+                    "weight": round(target_w, 3),
+                    "kvcache": round(plan.kv_gib * share, 3),
+                    "startup_available": round(plan.avail_after_graph_gib(), 3),
                     "token_capacity": plan.kv_tokens,
                 },
             }

@@ -1,9 +1,10 @@
 """Shared by the monitoring role's tests: promtool (Debian's prometheus package, installed by
-`make setup`), the metric names SGLang exposes (the simulator's /metrics, built from the
-reference), and a small reader of the metric and label names a PromQL expression uses."""
+`make setup`), the metric names SGLang exposes (every supported release's, read from its own
+source), and a small reader of the metric and label names a PromQL expression uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,17 +15,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpusim.metrics import DOCS
-
 REPO = Path(__file__).resolve().parents[4]
 ROLE = REPO / "roles" / "monitoring"
+FACTS = REPO / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "facts"
 
-# What /metrics of an SGLang instance has: every name the simulator exposes, histograms by their
-# sample names.
+# What /metrics of an SGLang instance has: every metric a supported release defines (its own
+# source, vendored by tools/gen_sglang_facts.py), histograms by their sample names.
 SGLANG_METRICS = frozenset(
     name + suffix
-    for name, (kind, _doc) in DOCS.items()
-    for suffix in (("_bucket", "_sum", "_count") if kind == "histogram" else ("",))
+    for path in FACTS.glob("*.json")
+    for name, metric in json.loads(path.read_text(encoding="utf-8"))["metrics"].items()
+    for suffix in (("_bucket", "_sum", "_count") if metric["type"] == "histogram" else ("",))
 )
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}

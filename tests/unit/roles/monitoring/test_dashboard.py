@@ -18,7 +18,7 @@ REQUIRED = {
     "up": "up",
     "running": "sglang:num_running_reqs",
     "queue": "sglang:num_queue_reqs",
-    "kv": "sglang:token_usage",
+    "kv": "sglang:full_token_usage",
     "mamba": "sglang:mamba_usage",
     "throughput": "sglang:generation_tokens_total",
     "ttft": "sglang:time_to_first_token_seconds_bucket",
@@ -76,7 +76,7 @@ def test_panels_read_only_metrics_sglang_exposes(dashboard: dict[str, Any], prom
 def test_panels_select_the_role_job_and_the_chosen_instances(
     dashboard: dict[str, Any], promql: SimpleNamespace
 ) -> None:
-    sglang_labels = {"engine_type", "model_name", "tp_rank", "is_streaming"}
+    sglang_labels = {"engine_type", "model_name", "tp_rank", "is_streaming", "priority"}
     for expr in exprs(dashboard):
         assert 'job="sglang-fleet"' in expr, expr
         for variable in ("host", "model", "instance"):
@@ -121,3 +121,19 @@ def test_every_expression_parses(dashboard: dict[str, Any], promtool: Any, tmp_p
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}), encoding="utf-8")
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_request_counts_are_the_totals_with_priority_scheduling(dashboard: dict[str, Any]) -> None:
+    """With priority scheduling the request-count gauges hold the total under priority="" beside
+    one series per priority (0.5.23 observability/metrics_collector.py:1417-1428): a sum over the
+    series would count every request twice."""
+    for expr in exprs(dashboard):
+        for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+            if gauge in expr:
+                assert 'priority=""' in expr and not expr.startswith("sum"), expr
+
+
+def test_the_kv_panel_reads_full_token_usage_where_the_release_has_it(dashboard: dict[str, Any]) -> None:
+    [kv] = [p for p in panels(dashboard) if p["title"] == "KV cache usage"]
+    [expr] = [t["expr"] for t in kv["targets"]]
+    assert expr.index("sglang:full_token_usage") < expr.index(" or ") < expr.index("sglang:token_usage")

@@ -77,7 +77,7 @@ def test_rules_read_only_series_that_exist(promql: SimpleNamespace) -> None:
 
 
 def test_rules_join_on_labels_the_role_gives(promql: SimpleNamespace) -> None:
-    sglang_labels = {"engine_type", "model_name", "tp_rank", "pp_rank", "moe_ep_rank", "is_streaming"}
+    sglang_labels = {"engine_type", "model_name", "tp_rank", "pp_rank", "moe_ep_rank", "is_streaming", "priority"}
     known = promql.target_labels | sglang_labels | {"job", "instance", "gpu", "le"}
     for rule in alerts(promql):
         assert sorted(promql.label_names(rule["expr"]) - known) == [], rule["alert"]
@@ -92,9 +92,15 @@ def render_gpu_rules(instances: list[dict[str, Any]], promql: SimpleNamespace) -
 
 def test_gpu_ownership_rules_give_one_series_per_gpu(promtool: Any, promql: SimpleNamespace, tmp_path: Path) -> None:
     instances = [
-        {"host": "node-a", "name": "gpu0", "unit": "sglang-gpu0.service", "gpus": ["0"]},
-        {"host": "node-a", "name": "tp", "unit": "sglang-tp.service", "gpus": ["2", "3"]},
-        {"host": "node-b", "name": "gpu0", "unit": "sglang-gpu0.service", "gpus": ["0"]},
+        {"host": "node-a", "name": "gpu0", "unit": "sglang-gpu0.service", "gpus": ["0"], "release_threshold_mib": 1024},
+        {
+            "host": "node-a",
+            "name": "tp",
+            "unit": "sglang-tp.service",
+            "gpus": ["2", "3"],
+            "release_threshold_mib": 1024,
+        },
+        {"host": "node-b", "name": "gpu0", "unit": "sglang-gpu0.service", "gpus": ["0"], "release_threshold_mib": 2048},
     ]
     text = render_gpu_rules(instances, promql)
     path = tmp_path / "sglang-fleet-gpus.rules.yml"
@@ -109,9 +115,12 @@ def test_gpu_ownership_rules_give_one_series_per_gpu(promtool: Any, promql: Simp
         ("node-a", "3", "tp"),
         ("node-b", "0", "gpu0"),
     ]
+    # Each series is its host's release threshold, which the alert compares GPU memory with.
+    assert [r["expr"] for r in group["rules"]] == ["vector(1024)"] * 3 + ["vector(2048)"]
     # The alert joins this series on exactly these labels.
     (alert,) = [a for a in alerts(promql) if a["alert"] == "SGLangGPUMemoryHeldWithoutServer"]
-    assert "on (host, gpu) group_left (instance_name, unit)" in alert["expr"]
+    assert "> on (host, gpu) group_left (instance_name, unit)" in alert["expr"]
+    assert "1024" not in alert["expr"]
     assert set(group["rules"][0]["labels"]) == {"host", "gpu", "instance_name", "unit"}
 
 

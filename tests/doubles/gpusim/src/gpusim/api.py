@@ -184,8 +184,8 @@ class Api:
                 graph = round(info.get("graph_gib", 0.0), 3)
                 st["memory_usage"] = {
                     "weight": round(info.get("weight_gib", 0.0), 3),
-                    "kvcache": round(info.get("kv_gib", 0.0) + info.get("mamba_gib", 0.0), 3),
-                    "startup_available": round(info.get("avail_start_gib", 0.0), 3),
+                    "kvcache": round(info.get("kv_gib", 0.0), 3),
+                    "startup_available": round(info.get("avail_end_gib", 0.0), 3),
                     "token_capacity": r.cfg.kv_capacity,
                     "token_capacity_swa": None,
                     "graph": {
@@ -201,7 +201,7 @@ class Api:
             else:
                 st["memory_usage"] = {
                     "weight": round(info.get("weight_gib", 0.0), 2),
-                    "kvcache": round(info.get("kv_gib", 0.0) + info.get("mamba_gib", 0.0), 2),
+                    "kvcache": round(info.get("kv_gib", 0.0), 2),
                     "token_capacity": r.cfg.kv_capacity,
                     "graph": round(info.get("graph_gib", 0.0), 2),
                 }

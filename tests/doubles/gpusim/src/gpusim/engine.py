@@ -77,6 +77,12 @@ class ReplicaConfig:
     idle_metrics_s: float
     context_len: int
     page_size: int
+    # Mamba slots a running request holds: its working slot, plus with extra_buffer the ping-pong
+    # tracking slots (0.5.23 mem_cache/memory_pool.py:1393, 1572-1630). Radix-cached states are
+    # evictable and do not count in mamba_usage (pool_stats_observer.py:270-293).
+    mamba_held_per_request: int = 1
+    # Which pools sglang:token_usage is the fullest of (facts/<version>.json token_usage_pools).
+    token_usage_pools: tuple[str, ...] = ("full_token_usage",)
 
 
 class Replica:
@@ -170,11 +176,15 @@ class Replica:
         self.waiting = keep
         return new
 
+    def _mamba_used(self) -> int:
+        """Mamba slots in use (not evictable): what the running requests hold."""
+        return min(len(self.running) * self.cfg.mamba_held_per_request, self.cfg.mamba_k or 0)
+
     def _usage_part(self, prefill: bool) -> str:
         used = self._used_tokens()
         usage = used / max(1, self.cfg.kv_capacity)
         if self.cfg.mamba_k is not None:
-            slots = len(self.running) * self.cfg.mamba_ratio
+            slots = self._mamba_used()
             mu = slots / max(1, self.cfg.mamba_k)
             if prefill:
                 return f"full token usage: {usage:.2f}, mamba usage: {mu:.2f}, "
@@ -229,16 +239,20 @@ class Replica:
         m.set("sglang:num_running_reqs", lab, len(self.running))
         m.set("sglang:num_queue_reqs", lab, len(self.waiting))
         m.set("sglang:num_used_tokens", lab, used)
-        m.set("sglang:token_usage", lab, round(used / max(1, self.cfg.kv_capacity), 2))
+        usage = {"full_token_usage": used / max(1, self.cfg.kv_capacity)}
+        if self.cfg.mamba_k is not None:
+            usage["mamba_usage"] = self._mamba_used() / max(1, self.cfg.mamba_k)
+        # 0.5.14+: the fullest pool (pool_stats_observer.get_max_pool_usage); 0.5.9: the KV cache.
+        fullest = max(v for k, v in usage.items() if k in self.cfg.token_usage_pools)
+        m.set("sglang:token_usage", lab, round(fullest, 2))
         m.set("sglang:gen_throughput", lab, gen_tput if gen_tput is not None else self.last_gen_throughput)
         m.set("sglang:cache_hit_rate", lab, 0.0)
         m.set("sglang:max_total_num_tokens", lab, self.cfg.kv_capacity)
         m.set("sglang:num_retracted_reqs", {**lab, "pid": self.pid_label}, 0)
         if self.version.family >= 14:
-            m.set("sglang:full_token_usage", lab, round(used / max(1, self.cfg.kv_capacity), 2))
-        if self.cfg.mamba_k is not None:
-            slots = len(self.running) * self.cfg.mamba_ratio
-            m.set("sglang:mamba_usage", lab, round(slots / max(1, self.cfg.mamba_k), 2))
+            m.set("sglang:full_token_usage", lab, usage["full_token_usage"])
+        if "mamba_usage" in usage:
+            m.set("sglang:mamba_usage", lab, usage["mamba_usage"])
         if self.cfg.spec and self.win_verify:
             al = (self.win_accepted + self.win_verify) / self.win_verify
             m.set("sglang:spec_accept_length", lab, round(al, 2))

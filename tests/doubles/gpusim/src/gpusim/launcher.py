@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from gpusim import cli_parser, driver, procutil, resolve
+from gpusim import cli_parser, driver, procutil, release_facts, resolve
 from gpusim.channel import Channel
 from gpusim.config import Config, ConfigError
 from gpusim.engine import Replica, ReplicaConfig, Tokenizer
@@ -459,6 +459,8 @@ class Launcher:
                 max_running=int(info.get("max_running_requests", 1)),
                 mamba_k=info.get("max_mamba_cache_size"),
                 mamba_ratio=int(info.get("mamba_ratio", 1)),
+                mamba_held_per_request=resolve.mamba_slots_held_per_request(res),
+                token_usage_pools=tuple(release_facts.token_usage_pools(self.version)),
                 decode_graph=res.decode_graph,
                 prefill_graph=res.prefill_graph,
                 decode_max_bs=res.decode_max_bs,

@@ -124,7 +124,7 @@ DOCS = {
     "sglang:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
     "sglang:generation_tokens_total": ("counter", "Number of generation tokens processed."),
     "sglang:num_requests_total": ("counter", "Number of requests processed."),
-    "sglang:cached_tokens_total": ("counter", "Number of cached prompt tokens."),
+    "sglang:cached_tokens_total": ("counter", "Number of cached prompt tokens by source (device/host/storage)."),
     "sglang:time_to_first_token_seconds": ("histogram", "Histogram of time to first token in seconds."),
     "sglang:e2e_request_latency_seconds": ("histogram", "Histogram of End-to-end request latency in seconds"),
 }

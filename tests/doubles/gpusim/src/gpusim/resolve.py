@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusim import nvsmi
+from gpusim import nvsmi, release_facts
 from gpusim.config import Config
 from gpusim.profiles import ModelProfile
 from gpusim.versions import Version
@@ -362,12 +362,15 @@ def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: 
         overlap = not a.get("disable_overlap_schedule")
         if strategy == "auto":
             strategy = "extra_buffer" if (overlap or (a.get("page_size") or 1) > 1) else "no_buffer"
-        if strategy == "no_buffer" and not a.get("disable_radix_cache") and overlap:
-            res.warn(
-                "Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, "
-                "try to use --disable-radix-cache if overlap schedule is necessary"
-            )
-            a["disable_overlap_schedule"] = True
+            # Only auto resolving to no_buffer turns the overlap scheduler off itself (0.5.23
+            # arg_groups/overrides.py:477-486); an explicit no_buffer with it on is refused below.
+            if strategy == "no_buffer" and not a.get("disable_radix_cache"):
+                a["disable_overlap_schedule"] = True
+        # The release's own asserts on the strategy (facts/<version>.json, e.g. 0.5.23
+        # arg_groups/mamba_hook.py:156-163): SGLang exits with the AssertionError.
+        broken = release_facts.refusal(version, {**a, "mamba_radix_cache_strategy": strategy})
+        if broken is not None:
+            raise ResolveError(broken["error"], broken["message"])
     res.overlap = not a.get("disable_overlap_schedule")
     res.mamba_strategy = strategy
     if a.get("disable_radix_cache"):
@@ -382,6 +385,20 @@ def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: 
     elif strategy == "extra_buffer_lazy":
         extra = 1
     res.mamba_ratio = base + extra
+
+
+def mamba_slots_held_per_request(res: Resolved) -> int:
+    """What a running request holds in the Mamba pool: its working slot, plus with extra_buffer
+    its ping-pong tracking slots (2 with the overlap scheduler, else 1; 0.5.23
+    mem_cache/memory_pool.py:1393, 1572-1630). The slots-per-request ratio that sizes the pool
+    (res.mamba_ratio) is a reserve and larger."""
+    if res.mamba_ratio == 1:
+        return 1
+    if res.mamba_strategy == "extra_buffer":
+        return 1 + (2 if res.overlap else 1)
+    if res.mamba_strategy == "extra_buffer_lazy":
+        return 2
+    return 1
 
 
 def server_args_repr(args: dict[str, Any], order: list[str], exact: bool = False) -> str:

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpusim import driver, memory, proctitle, procutil, registry
+from gpusim import driver, memory, proctitle, procutil, registry, release_facts
 from gpusim.channel import Channel
 from gpusim.logutil import Logger
 from gpusim.profiles import ModelProfile
@@ -183,14 +183,30 @@ class Scheduler:
             self._wait_until(0.7)
             raise failure
         dtype = f"dtype=torch.{prof.torch_dtype}, " if self.version.load_weight_has_dtype else ""
+        # With MTP on 0.5.14+ the draft model has its own runner, loaded before the target's pools
+        # are sized (facts/<version>.json scheduler_start; 0.5.23 managers/scheduler.py:1128-1137):
+        # the target's weight lines, then the draft's, then the pools.
+        draft_w = prof.draft_weights_gib / max(1, inp.tp_size) if inp.spec_mtp else 0.0
+        draft_layers = prof.draft_layers if inp.spec_mtp else 0
+        split = draft_w > 0 and release_facts.draft_before_target_pools(self.version)
+        target_w = plan.weights_gib - draft_w if split else plan.weights_gib
         self.log.info(
             f"Load weight end. elapsed={0.5 * self.startup_s:.2f} s, type={prof.architectures[0]}, {dtype}"
-            f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB."
+            f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - target_w:.2f} GB, "
+            f"mem usage={target_w:.2f} GB."
         )
+        if split:
+            self.log.info(f"Load weight begin. avail mem={plan.avail_after_weights_gib + draft_w:.2f} GB")
+            self.log.info(
+                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
+                f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={draft_w:.2f} GB."
+            )
         self._wait_until(0.7)
         rank0 = int(spec["tp_rank"]) == 0
         for w_msg in plan.warnings:
-            if "max_total_tokens=" in w_msg and rank0:
+            # Sizing (the KV cap, the running-requests caps) comes before the pools are built
+            # (0.5.23 mem_cache/kv_cache_configurator.py:3140, 3184).
+            if ("max_total_tokens=" in w_msg or "max_running_requests" in w_msg) and rank0:
                 self.log.warning(w_msg)
         if plan.mamba_k is not None:
             line = (
@@ -204,10 +220,15 @@ class Scheduler:
                 )
             self.log.info(line)
         kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if self.version.kv_line_has_dtype else ""
-        self.log.info(
-            f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.k_gib:.2f} GB, "
-            f"V size: {plan.v_gib:.2f} GB"
-        )
+        # The target's pool holds its own layers; the draft's (layer [0] only, the same #tokens,
+        # 0.5.23 mem_cache/kv_cache_configurator.py:2614-2622) logs its own line after it.
+        share = prof.attention_layers / (prof.attention_layers + draft_layers) if split else 1.0
+        pools = [share, 1.0 - share] if split else [1.0]
+        for part in pools:
+            self.log.info(
+                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.k_gib * part:.2f} GB, "
+                f"V size: {plan.v_gib * part:.2f} GB"
+            )
         self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
         self.log.info(f"Memory pool end. avail mem={plan.avail_after_pools_gib():.2f} GB")
         if inp.cuda_graph_enabled:
@@ -231,9 +252,10 @@ class Scheduler:
                 raise oom
         self._wait_until(1.0)
         for w_msg in plan.warnings:
-            if "max_total_tokens=" not in w_msg and rank0:
+            if "max_total_tokens=" not in w_msg and "max_running_requests" not in w_msg and rank0:
                 self.log.warning(w_msg)
-        avail_report = plan.avail_start_gib if self.version.family >= 18 else plan.avail_after_graph_gib()
+        # The free memory once the pools and CUDA graphs exist (0.5.23 managers/scheduler.py:1262-1276).
+        avail_report = plan.avail_after_graph_gib()
         if rank0:
             a = spec["args_for_log"]
             self.log.info(
@@ -248,8 +270,10 @@ class Scheduler:
             "max_running_requests": plan.max_running,
             "max_mamba_cache_size": plan.mamba_k,
             "mamba_ratio": plan.mamba_ratio,
-            "weight_gib": plan.weights_gib,
-            "kv_gib": plan.kv_gib,
+            # memory_usage: the target's weights and its KV pool only (0.5.9 managers/scheduler.py:2655,
+            # 0.5.23 mem_cache/memory_pool.py:4359-4362).
+            "weight_gib": target_w,
+            "kv_gib": plan.kv_gib * share,
             "mamba_gib": plan.mamba_gib,
             "graph_gib": plan.graph_mib / 1024,
             "avail_start_gib": plan.avail_start_gib,

@@ -1,0 +1,168 @@
+"""SGLang's facts by release (sglang_facts.json): in sync with the vendored facts, and the startup
+constraints the validator refuses before anything is stopped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import supported_versions
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_host
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import (
+    FACTS_PATH,
+    known_releases,
+    release_facts,
+    startup_refusals,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+FACTS_DIR = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "facts"
+NO_BUFFER_REFUSED = ("0.5.14", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_sglang_facts", REPO_ROOT / "tools" / "gen_sglang_facts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generator_check_passes_with_its_defaults_from_any_directory(tmp_path: Path) -> None:
+    """What a fresh clone runs: no wheel, no file outside the repository."""
+    res = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "gen_sglang_facts.py"), "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (res.returncode, res.stderr) == (0, "")
+
+
+def test_generator_check_finds_a_stale_table(tmp_path: Path) -> None:
+    gen = _generator()
+    stale = tmp_path / "stale.json"
+    stale.write_text("{}\n", encoding="utf-8")
+    assert gen.main(["--output", str(stale), "--check"]) == 1
+    assert stale.read_text(encoding="utf-8") == "{}\n"
+    assert gen.main(["--output", str(FACTS_PATH), "--check"]) == 0
+
+
+def test_every_supported_release_was_read_from_its_own_wheel() -> None:
+    assert set(known_releases()) == set(supported_versions())
+    for version in supported_versions():
+        raw = json.loads((FACTS_DIR / f"{version}.json").read_text(encoding="utf-8"))
+        assert raw["release"] == version
+        assert raw["read_from"]["wheel"].startswith(f"sglang-{version}-")
+        assert len(raw["read_from"]["sha256"]) == 64
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.23"])
+def test_every_fact_names_its_file_and_line(version: str) -> None:
+    raw = json.loads((FACTS_DIR / f"{version}.json").read_text(encoding="utf-8"))
+    sources = [m["source"] for m in raw["metrics"].values()]
+    sources += [h["source"] for hits in raw["log_lines"].values() for h in hits]
+    sources += [c["source"] for c in raw["constraints"]]
+    assert sources
+    for source in sources:
+        path, _, line = source.rpartition(":")
+        assert path.startswith("sglang/srt/") and path.endswith(".py") and int(line) > 0, source
+
+
+@pytest.mark.parametrize(
+    ("version", "kv_metric", "pools"),
+    [
+        ("0.5.9", "sglang:token_usage", ("full_token_usage",)),
+        ("0.5.14", "sglang:full_token_usage", ("full_token_usage", "swa_token_usage", "mamba_usage")),
+        ("0.5.23", "sglang:full_token_usage", ("full_token_usage", "swa_token_usage", "mamba_usage")),
+    ],
+)
+def test_kv_usage_is_full_token_usage_from_0_5_14(version: str, kv_metric: str, pools: tuple[str, ...]) -> None:
+    """0.5.14+: token_usage is the fullest pool (pool_stats_observer.get_max_pool_usage)."""
+    facts = release_facts(version)
+    assert facts is not None
+    assert (facts.kv_usage_metric, facts.token_usage_pools) == (kv_metric, pools)
+    assert facts.token_usage_is_kv == (version == "0.5.9")
+
+
+def test_the_draft_loads_before_the_target_pools_from_0_5_14() -> None:
+    order = {v: release_facts(v).draft_before_target_pools for v in supported_versions()}  # type: ignore[union-attr]
+    assert order == {v: v != "0.5.9" for v in supported_versions()}
+
+
+# --------------------------------------------------------------------------------------------------
+# The startup constraints, as the validator applies them.
+
+
+def _hostvars(version: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "sglang_server_version": version,
+        "sglang_server_model_path": "/models/qwen",
+        "sglang_server_gpu_count": 1,
+        "sglang_server_host_args": args,
+    }
+
+
+@pytest.mark.parametrize("version", NO_BUFFER_REFUSED)
+def test_explicit_no_buffer_without_disable_overlap_schedule_is_refused(version: str) -> None:
+    with pytest.raises(ServerArgsError) as err:
+        resolve_host("h", _hostvars(version, {"mamba_radix_cache_strategy": "no_buffer"}))
+    [problem] = err.value.problems
+    assert problem.startswith(f"host h, instance gpu0: SGLang {version} refuses to start with ")
+    assert "AssertionError: no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True." in (
+        problem
+    )
+    assert "add disable_overlap_schedule: true" in problem
+
+
+@pytest.mark.parametrize("version", NO_BUFFER_REFUSED)
+def test_no_buffer_starts_with_the_overlap_scheduler_off_or_without_the_radix_cache(version: str) -> None:
+    for extra in ({"disable_overlap_schedule": True}, {"disable_radix_cache": True}):
+        [instance] = resolve_host("h", _hostvars(version, {"mamba_radix_cache_strategy": "no_buffer", **extra}))
+        assert instance.args["mamba_radix_cache_strategy"] == "no_buffer"
+    # auto resolving to no_buffer turns the overlap scheduler off itself (arg_groups/overrides.py).
+    assert resolve_host("h", _hostvars(version, {"mamba_radix_cache_strategy": "auto"}))
+
+
+def test_0_5_9_turns_the_overlap_scheduler_off_itself() -> None:
+    assert resolve_host("h", _hostvars("0.5.9", {"mamba_scheduler_strategy": "no_buffer"}))
+
+
+def test_every_broken_constraint_is_named_at_once() -> None:
+    settings = {"mamba_radix_cache_strategy": "no_buffer", "page_size": 64, "attention_backend": "trtllm_mha"}
+    problems = startup_refusals("0.5.23", settings, where="x")
+    assert [p.split("AssertionError: ")[1].split(" (")[0] for p in problems] == [
+        "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True.",
+        "no_buffer only supports page_size=1.",
+        "no_buffer do not support trtllm_mha attention backend.",
+    ]
+    assert all("sglang/srt/arg_groups/mamba_hook.py:" in p for p in problems)
+    [left] = startup_refusals("0.5.23", {**settings, "disable_overlap_schedule": True, "page_size": 1}, "x")
+    assert "no_buffer do not support trtllm_mha attention backend." in left
+
+
+def test_extra_buffer_lazy_with_speculative_decoding_is_refused_on_0_5_14_only() -> None:
+    settings = {"mamba_radix_cache_strategy": "extra_buffer_lazy", "speculative_num_draft_tokens": 4}
+    [problem] = startup_refusals("0.5.14", settings)
+    assert "extra_buffer_lazy unsupported with spec." in problem
+    assert startup_refusals("0.5.23", settings) == []
+
+
+def test_a_rule_edited_in_the_spec_without_regenerating_is_stale() -> None:
+    gen = _generator()
+    spec = gen.load_spec()
+    facts = gen.load_facts()
+    assert gen.stale_rules(facts, spec) == []
+    edited = {**spec, "constraints": [dict(c) for c in spec["constraints"]]}
+    edited["constraints"][0]["rule"] = {"when": {"page_size": [64]}, "require": {"page_size": [1]}}
+    stale = gen.stale_rules(facts, edited)
+    assert stale and all(spec["constraints"][0]["id"] in line for line in stale)
