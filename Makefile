@@ -13,6 +13,8 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
 SCENARIOS   ?= default server server_lxc retune fleet gitops monitoring advisor generation
+# Scenarios run at once by make molecule (tools/molecule.sh).
+MOLECULE_JOBS ?= 1
 PYTEST_ARGS ?=
 
 .PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
@@ -57,8 +59,7 @@ unit: venv collections
 	@PYTEST=$(BIN)/pytest tools/unit.sh $(PYTEST_ARGS)
 
 molecule: venv collections image
-	@set -e; for s in $(SCENARIOS); do echo "--- molecule scenario: $$s"; t0=$$(date +%s); \
-	  $(BIN)/molecule test -s $$s; echo "--- molecule scenario $$s: $$(( $$(date +%s) - t0 ))s"; done
+	@MOLECULE=$(BIN)/molecule tools/molecule.sh $(MOLECULE_JOBS) $(SCENARIOS)
 
 test:
 	@tools/stages.sh setup lint unit molecule
