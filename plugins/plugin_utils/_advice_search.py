@@ -323,7 +323,7 @@ class ProposalSearch:
             # Fewer Mamba slots: as many as the running requests used, and a fifth more.
             k_new = max(ratio, math.ceil(running_peak * 1.2) * ratio)
             if k_new < k_now:
-                for mfs in {mfs_now, top}:
+                for mfs in sorted({mfs_now, top}):
                     new = self.settings.with_changes(max_mamba_cache_size=k_new, mem_fraction_static=mfs)
                     candidates.append((new, [f"max_mamba_cache_size {k_new}: the Mamba slots were idle"]))
         for new, notes in candidates:

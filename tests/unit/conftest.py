@@ -114,19 +114,20 @@ def _add_entry(parser: argparse.ArgumentParser, entry: Mapping[str, Any]) -> Non
 class SGLangArgparse:
     """Per-version parsers like SGLang's (allow_abbrev on, every spelling and alias present)."""
 
-    @functools.cache  # noqa: B019 - one instance per session; the cache lives as long as the fixture
+    # One instance per session; the cache lives as long as the fixture.
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def entries(self, version: str) -> dict[str, Any]:
         """The argparse entries of ``version``, as its own parser dumped them."""
         return json.loads((FLAG_DUMPS / f"{version}.json").read_text(encoding="utf-8"))
 
-    @functools.cache  # noqa: B019
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def parser(self, version: str) -> argparse.ArgumentParser:
         parser = _Parser(prog="sglang serve", add_help=False, argument_default=argparse.SUPPRESS)
         for entry in self.entries(version).values():
             _add_entry(parser, entry)
         return parser
 
-    @functools.cache  # noqa: B019
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def current_spellings(self, version: str) -> frozenset[str]:
         """Option strings of ``version`` that are not deprecated."""
         return frozenset(

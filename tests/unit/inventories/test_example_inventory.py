@@ -110,7 +110,7 @@ def test_every_instance_argv_parses_back_to_its_args(
 def test_the_same_tuning_on_the_other_version_still_renders(example_hostvars: dict[str, dict[str, Any]]) -> None:
     """Moving pve-rtx to 0.5.23 needs no inventory change beyond the version."""
     upgraded = {**example_hostvars["pve-rtx"], "sglang_server_version": "0.5.23"}
-    [first, *_] = resolve_instances("pve-rtx", upgraded)
+    [first, *_unused] = resolve_instances("pve-rtx", upgraded)
     assert first["args"]["mamba_radix_cache_strategy"] == "no_buffer"
     assert "--mamba-radix-cache-strategy" in first["argv"]
 

@@ -119,6 +119,6 @@ def test_filter_through_ansible_by_its_fqcn(tmp_path: Path) -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    head, _, payload = completed.stdout.partition("=>")
+    head, _unused, payload = completed.stdout.partition("=>")
     assert "localhost | SUCCESS" in head, completed.stdout
     assert json.loads(payload)["msg"] == ["--cuda-graph-max-bs-decode", "8", "--enable-metrics"]

@@ -188,7 +188,7 @@ def test_process_table_sees_gpu_handles_and_listening_ports(devices: Path) -> No
 
 
 def test_kill_with_escalation_needs_sigkill_for_a_sigterm_ignorer(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0", "ignore-term")
+    p, _unused = start_holder(devices / "nvidia0", "ignore-term")
     entry = process_table(str(devices))[p.pid]
     log = kill_with_escalation([dict(entry, reason="test")], grace=0.5, redactor=Redactor())
     assert [e["signal"] for e in log] == ["SIGTERM", "SIGKILL"]
@@ -196,7 +196,7 @@ def test_kill_with_escalation_needs_sigkill_for_a_sigterm_ignorer(devices: Path)
 
 
 def test_kill_with_escalation_stops_at_sigterm_when_it_suffices(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0")
+    p, _unused = start_holder(devices / "nvidia0")
     entry = process_table(str(devices))[p.pid]
     log = kill_with_escalation([entry], grace=5, redactor=Redactor())
     assert [e["signal"] for e in log] == ["SIGTERM"]
@@ -204,7 +204,7 @@ def test_kill_with_escalation_stops_at_sigterm_when_it_suffices(devices: Path) -
 
 
 def test_kill_never_signals_a_reused_pid(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0")
+    p, _unused = start_holder(devices / "nvidia0")
     try:
         entry = dict(process_table(str(devices))[p.pid])
         entry["starttime"] -= 1  # what we saw was another process that had this PID

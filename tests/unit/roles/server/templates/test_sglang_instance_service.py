@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401  # pylint: disable=unused-import
 
 REPO_ROOT = Path(__file__).resolve().parents[5]
 ROLE = REPO_ROOT / "roles/server"
@@ -93,7 +93,7 @@ def settings(unit: str) -> dict[str, list[str]]:
     logical = unit.replace("\\\n", " ")
     for line in logical.splitlines():
         if "=" in line and not line.startswith(("#", " ")):
-            key, _, value = line.partition("=")
+            key, _unused, value = line.partition("=")
             values.setdefault(key, []).append(value)
     return values
 
