@@ -10,7 +10,8 @@
 #                   packages of their own), bench/, tools/, molecule/, tests/testbed/ and the
 #                   collections/ link are not collection content: ruff, mypy and ansible-lint
 #                   check them.
-#   units           `ansible-test units` of tests/unit on the repository (tests/unit/requirements.txt)
+#   units           `ansible-test units --venv` of tests/unit on the repository (tests/unit/requirements.txt);
+#                   not in the default list: make unit runs the same tests
 #   docs            `antsibull-docs lint-collection-docs --plugin-docs` on the installed tarball
 #   importer        galaxy-importer (what Galaxy runs on an upload) on the tarball, in its own venv
 #
@@ -103,7 +104,8 @@ run_check() {  # CHECK
       ;;
     units)
       stage_repo
-      (cd "$repo_copy" && ansible-test units --python "$python_version" --color no --truncate 0)
+      # In a venv of ansible-test's making: its unit-test requirements and tests/unit/requirements.txt.
+      (cd "$repo_copy" && ansible-test units --venv --python "$python_version" --color no --truncate 0)
       ;;
     docs)
       build_and_install

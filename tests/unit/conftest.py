@@ -4,6 +4,10 @@
 so putting ``collections/`` on sys.path makes ``ansible_collections.sglang_ops.fleet`` importable
 from a plain checkout.
 
+The simulated GPU host (``gpusim``, this repository's own test double, not on PyPI) is imported
+from its source when it is not installed: ``make venv`` installs it, ``ansible-test units`` installs
+only ``tests/unit/requirements.txt``. ``support/`` (``cli_tools``) is put on sys.path.
+
 The ``sglang_argparse`` fixture rebuilds each SGLang version's argparse parser from the flag dumps
 vendored in the repository (``tests/doubles/gpusim/src/gpusim/flags/``, dumped from each release's
 own parser), independently of the collection's generated flag table. Tests parse rendered argv
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -31,6 +36,15 @@ FLAG_DUMPS = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "fl
 
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+if str(Path(__file__).resolve().parent / "support") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+try:
+    import gpusim  # noqa: F401  # pylint: disable=unused-import
+except ModuleNotFoundError:
+    # Also for the simulator's own processes (python -m gpusim.admin, the simulated servers).
+    _GPUSIM_SRC = str(REPO_ROOT / "tests" / "doubles" / "gpusim" / "src")
+    sys.path.insert(0, _GPUSIM_SRC)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_GPUSIM_SRC, os.environ.get("PYTHONPATH")) if p)
 
 
 def _human_readable_int(text: str) -> int:

@@ -5,9 +5,10 @@ which the generation role builds its wheel)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
+
+from cli_tools import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +18,7 @@ def tarfile_dir(members: dict[str, tarfile.TarInfo], name: str) -> bool:
 
 
 def test_collection_artifact_is_clean(tmp_path: Path) -> None:
-    galaxy = Path(sys.executable).parent / "ansible-galaxy"
+    galaxy = cli("ansible-galaxy")
     subprocess.run(
         [str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
         check=True,

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401  # pylint: disable=unused-import
@@ -72,7 +73,7 @@ def render(tmp_path: Path, **overrides: object) -> dict[str, str]:
     }
     done = subprocess.run(
         [
-            str(Path(sys.executable).with_name("ansible-playbook")),
+            cli("ansible-playbook"),
             *("-i", "localhost,", "-c", "local"),
             *("-e", json.dumps(extra)),
             str(tmp_path / "render.yml"),
