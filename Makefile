@@ -54,6 +54,7 @@ lint: venv collections
 	@MYPYPATH=collections $(BIN)/mypy --config-file mypy.ini --no-error-summary -p ansible_collections.sglang_ops.fleet.plugins
 	@$(BIN)/mypy --config-file client/pyproject.toml --no-error-summary client/src
 	@$(BIN)/mypy --config-file ops/pyproject.toml --no-error-summary ops/src
+	@tools/collection_checks.sh
 
 unit: venv collections
 	@PYTEST=$(BIN)/pytest tools/unit.sh $(PYTEST_ARGS)

@@ -44,6 +44,10 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "prometheus_url": {"type": "str"},
     "prometheus_selector": {"type": "str", "default": _prometheus.DEFAULT_SELECTOR},
     "prometheus_timeout": {"type": "float", "default": 30.0},
+    "prometheus_ca_path": {"type": "path"},
+    "prometheus_validate_certs": {"type": "bool", "default": True},
+    "prometheus_username": {"type": "str"},
+    "prometheus_password": {"type": "str", "no_log": True},
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
     "nvidia_smi_timeout": {"type": "float", "default": 20.0},
     "http_timeout": {"type": "float", "default": 30.0},
@@ -118,6 +122,12 @@ class ActionModule(ActionBase):
             end = time.time()
             start = end - window
             address = str(task_vars.get("ansible_host") or hostname)
+            access = _prometheus.Access(
+                ca_path=args.get("prometheus_ca_path"),
+                validate_certs=args["prometheus_validate_certs"],
+                username=args.get("prometheus_username"),
+                password=args.get("prometheus_password"),
+            )
             for inst in instances:
                 facts = by_name.setdefault(inst["name"], {})
                 selector = _prometheus.selector_for(
@@ -128,7 +138,7 @@ class ActionModule(ActionBase):
                     name=inst["name"],
                 )
                 samples, problems = _prometheus.read_samples(
-                    prometheus, selector, start, end, interval, args["prometheus_timeout"]
+                    prometheus, selector, start, end, interval, args["prometheus_timeout"], access=access
                 )
                 facts["samples"] = samples
                 facts["metrics_errors"] = problems[:3]

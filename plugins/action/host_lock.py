@@ -1,7 +1,8 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
 """Action sglang_ops.fleet.host_lock: the run's identity is known on the controller, the lease
-is kept on the host (plugins/modules/host_lock.py, where the documentation is)."""
+is kept on the host by sglang_ops.fleet.host_lock_lease (the documentation is in
+plugins/modules/host_lock.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "ttl": {"type": "int", "default": 1800},
     "wait": {"type": "int", "default": 0},
 }
-MODULE = "sglang_ops.fleet.host_lock"
+MODULE = "sglang_ops.fleet.host_lock_lease"
 # Seconds between two tries while a live run holds the lease and ``wait`` is not over.
 WAIT_INTERVAL = 5.0
 

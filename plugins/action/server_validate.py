@@ -16,6 +16,10 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import
 display = Display()
 
 
+# No options: everything is read from the host's variables.
+ARGUMENT_SPEC: dict[str, Any] = {}
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -23,7 +27,7 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.validate_argument_spec(argument_spec={})
+        self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         result: dict[str, Any] = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         hostname = str(task_vars.get("inventory_hostname", "localhost"))

@@ -30,7 +30,7 @@ description:
     and advice grouped), and the inventory patch written on the controller at O(output).
   - Nothing is ever applied - the operator reviews the patch and commits it, then runs the retune.
 version_added: 0.1.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   instances:
     description: The host's resolved instances, as returned by M(sglang_ops.fleet.server_validate).
@@ -49,7 +49,8 @@ options:
       - Prometheus's base URL (C(http://prometheus:9090)). When set, the metrics of the last O(window)
         seconds are read with range queries of its HTTP API, on the controller, instead of sampling
         C(/metrics) on the host for O(window) seconds.
-      - Give a URL without credentials (it is recorded with the task's arguments).
+      - Give a URL without credentials (it is recorded with the task's arguments); use
+        O(prometheus_username) and O(prometheus_password).
     type: str
   prometheus_selector:
     description:
@@ -63,6 +64,19 @@ options:
     description: Seconds per Prometheus query.
     type: float
     default: 30.0
+  prometheus_ca_path:
+    description: CA bundle (PEM) an https O(prometheus_url) is verified against; by default the system's.
+    type: path
+  prometheus_validate_certs:
+    description: Whether the certificate of an https O(prometheus_url) is verified.
+    type: bool
+    default: true
+  prometheus_username:
+    description: User for HTTP basic authentication to Prometheus (sent only when set).
+    type: str
+  prometheus_password:
+    description: Password for HTTP basic authentication to Prometheus (never logged).
+    type: str
   nvidia_smi:
     description: The nvidia-smi command on the host.
     type: str
@@ -106,8 +120,19 @@ attributes:
   check_mode:
     support: full
     details: Nothing is changed either way; the patch file is written on the controller.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
   action:
     support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 seealso:
   - module: sglang_ops.fleet.advise_observe
   - module: sglang_ops.fleet.server_validate

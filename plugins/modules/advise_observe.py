@@ -14,12 +14,12 @@ description:
     nothing.
   - For every instance - its C(/server_info) once, the startup lines of its current run from the
     unit's journal (the weights, Mamba cache and KV cache allocation lines), and its C(/metrics)
-    every O(options.interval) seconds for O(options.window) seconds (unless
-    O(options.sample_metrics=false)); nvidia-smi's memory.used of every GPU at the same ticks.
+    every C(interval) of O(options) seconds for C(window) seconds (unless
+    C(sample_metrics=false)); nvidia-smi's memory.used of every GPU at the same ticks.
   - On the host itself, or inside the Proxmox LXC containers that hold the instances (through
     C(pct exec)), all containers at once.
 version_added: 0.1.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   instances:
     description: The instances to observe (C(name), C(unit), C(gpus), C(port), C(container), C(http_host)).
@@ -39,6 +39,13 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Only reads; nothing on the host is changed.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 """
 
 EXAMPLES = r"""

@@ -1,7 +1,10 @@
 #!/usr/bin/python
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
-"""Take, check or give back a host's retune lock (the host side of sglang_ops.fleet.host_lock)."""
+# Documentation of the sglang_ops.fleet.host_lock action plugin (plugins/action/host_lock.py), which
+# knows the run's identity on the controller and runs sglang_ops.fleet.host_lock_lease on the host;
+# ansible-doc finds action plugins' documentation here. The options are those of ARGUMENT_SPEC there,
+# as a unit test checks.
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ description:
     the lease still theirs before they act.
   - In check mode nothing is taken; a lease held by another run is reported as a warning.
 version_added: 0.2.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   state:
     description: C(acquired) takes (or renews) the lease, C(released) gives it back if this run holds it.
@@ -46,8 +49,23 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Nothing is taken; a lease held by another run is reported as a warning.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 notes:
-  - Runs on the host (the Proxmox node for instances inside LXC containers).
+  - The lease is kept on the host (the Proxmox node for instances inside LXC containers) by
+    M(sglang_ops.fleet.host_lock_lease).
 """
 
 EXAMPLES = r"""
@@ -77,44 +95,3 @@ holder:
   returned: when the lease is held by another run
   type: dict
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
-            # Set by the action plugin.
-            "identity": {"type": "dict", "required": True},
-            "take_over": {"type": "str"},
-        },
-        supports_check_mode=True,
-    )
-    path = _host_lock.LOCK_PATH_DEFAULT
-    identity = module.params["identity"]
-    if module.params["state"] == "released":
-        released = False if module.check_mode else _host_lock.release(identity["run_id"], path)
-        # The lease is the run's bookkeeping, not managed state: never "changed", so a second run
-        # of a playbook still reports nothing changed.
-        module.exit_json(changed=False, released=released)
-    if module.check_mode:
-        holder = _host_lock.read(path)
-        warnings = []
-        if holder and holder.get("run_id") != identity["run_id"]:
-            warnings.append(f"the host is locked by {_host_lock.describe(holder)}: an apply now would fail")
-        module.exit_json(changed=False, lock=None, holder=holder, warnings=warnings)
-    try:
-        got = _host_lock.acquire(identity, path, take_over=module.params["take_over"])
-    except _host_lock.LockError as exc:
-        module.fail_json(msg=str(exc), holder=exc.holder)
-    result = {"changed": False, "lock": got["lock"]}
-    if got["took_over"]:
-        result["took_over"] = got["took_over"]
-    module.exit_json(**result)
-
-
-if __name__ == "__main__":
-    main()

@@ -44,7 +44,7 @@ description:
     drain fails, or every running client when O(client_drain) is false, is stopped for the host's
     retune and started again after it, whatever happened. RV(clients) and RV(notes) say which.
 version_added: 0.1.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   instances:
     description:
@@ -200,8 +200,17 @@ attributes:
   diff_mode:
     support: full
     details: The running command line against the desired one, per instance to change.
+  platform:
+    platforms: posix
   action:
     support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 seealso:
   - module: sglang_ops.fleet.server_validate
   - module: sglang_ops.fleet.retune_phase

@@ -15,7 +15,7 @@ description:
   - Gathers or acts on all the given instances in one execution, on the host itself or inside
     the Proxmox LXC containers that hold them (through C(pct exec)).
 version_added: 0.1.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   op:
     description:
@@ -64,6 +64,12 @@ attributes:
   check_mode:
     support: partial
     details: Only O(op=inspect) and O(op=clients) run in check mode.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 """
 
 EXAMPLES = r"""

@@ -19,7 +19,7 @@ description:
     M(sglang_ops.fleet.retune), which proves the old process dead, its GPU memory free and the
     new one healthy. Instances that are not running are started.
 version_added: 0.1.0
-author: sglang-fleet contributors
+author: sglang-fleet maintainers (@sglang-ops)
 options:
   targets:
     description: What to converge, one entry per place (the bare host, or a container).
@@ -83,6 +83,10 @@ attributes:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 """
 
 EXAMPLES = r"""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: server_validate
-author: sglang_ops.fleet maintainers
-version_added: "1.0.0"
+author: sglang-fleet maintainers (@sglang-ops)
+version_added: 0.1.0
 short_description: Validate and resolve the SGLang instances of a host, on the controller
 description:
   - Reads the host's C(sglang_server_*) variables, applies the instance layout and validates every setting
@@ -25,10 +25,20 @@ options: {}
 attributes:
   check_mode:
     support: full
+    details: Runs on the controller only and changes nothing.
   diff_mode:
     support: none
   platform:
     platforms: all
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 notes:
   - Variables read are C(sglang_server_version), C(sglang_server_flag_table_version), C(sglang_server_python),
     C(sglang_server_model_path), C(sglang_server_served_model_name), C(sglang_server_listen_host),
@@ -65,25 +75,66 @@ instances:
   type: list
   elements: dict
   contains:
-    name: {description: Instance name., type: str}
-    unit: {description: systemd unit name, C(sglang-<name>.service)., type: str}
-    gpus: {description: GPU indexes of the host (or container) the instance owns., type: list, elements: int}
-    port: {description: HTTP port., type: int}
-    container: {description: Proxmox LXC container id holding the instance, null on the bare host., type: int}
-    version: {description: SGLang version installed., type: str}
-    flag_table: {description: Flag table version used for the checks., type: str}
-    args: {description: Every launch setting under the names that version uses., type: dict}
-    args_unchecked: {description: Flags passed without validation., type: dict}
-    argv: {description: The complete command line., type: list, elements: str}
-    env: {description: Environment of the unit, CUDA_VISIBLE_DEVICES included., type: dict}
-    warnings: {description: Warnings about this instance., type: list, elements: str}
-    fingerprint: {description: sha256 of the canonical JSON of version, argv and env., type: str}
-    http_host: {description: Address the host itself reaches the instance at., type: str}
-    health_url: {description: The instance's /health URL, from the host., type: str}
-    self_sigkill_on_stop: {description: Whether this SGLang release ends a clean stop by SIGKILLing itself., type: bool}
-    expected_server_info: {description: Values /server_info must report for the settings given explicitly., type: dict}
-    user: {description: System user the instance runs as., type: str}
-    served_model_name: {description: Model name clients ask for (null - the model path)., type: str}
+    name:
+      description: Instance name.
+      type: str
+    unit:
+      description: systemd unit name, C(sglang-<name>.service).
+      type: str
+    gpus:
+      description: GPU indexes of the host (or container) the instance owns.
+      type: list
+      elements: int
+    port:
+      description: HTTP port.
+      type: int
+    container:
+      description: Proxmox LXC container id holding the instance, null on the bare host.
+      type: int
+    version:
+      description: SGLang version installed.
+      type: str
+    flag_table:
+      description: Flag table version used for the checks.
+      type: str
+    args:
+      description: Every launch setting under the names that version uses.
+      type: dict
+    args_unchecked:
+      description: Flags passed without validation.
+      type: dict
+    argv:
+      description: The complete command line.
+      type: list
+      elements: str
+    env:
+      description: Environment of the unit, CUDA_VISIBLE_DEVICES included.
+      type: dict
+    warnings:
+      description: Warnings about this instance.
+      type: list
+      elements: str
+    fingerprint:
+      description: sha256 of the canonical JSON of version, argv and env.
+      type: str
+    http_host:
+      description: Address the host itself reaches the instance at.
+      type: str
+    health_url:
+      description: The instance's /health URL, from the host.
+      type: str
+    self_sigkill_on_stop:
+      description: Whether this SGLang release ends a clean stop by SIGKILLing itself.
+      type: bool
+    expected_server_info:
+      description: Values /server_info must report for the settings given explicitly.
+      type: dict
+    user:
+      description: System user the instance runs as.
+      type: str
+    served_model_name:
+      description: Model name clients ask for (null - the model path).
+      type: str
 sglang_server_instances_resolved:
   description: The same list as RV(instances); also set as a host fact of that name.
   returned: success

@@ -362,7 +362,7 @@ class ProposalSearch:
             # below the cap the running requests reached).
             k_new = max(ratio, math.ceil(running_peak * 1.2) * ratio)
             if k_new < k_now:
-                for mfs in {mfs_now, top}:
+                for mfs in sorted({mfs_now, top}):
                     new = self.settings.with_changes(max_mamba_cache_size=k_new, mem_fraction_static=mfs)
                     candidates.append((new, [f"max_mamba_cache_size {k_new}: the Mamba slots were idle"]))
         for new, notes in candidates:

@@ -83,13 +83,15 @@ def check_items(table: FlagTable, version: str, items: Iterable[Item]) -> Checke
             continue
         name = resolve_name(table, version, item.key)
         if name.status == "value_map":
-            assert name.value_map is not None
+            if name.value_map is None:
+                raise AssertionError("a value-mapped name has its value map")
             pending.append((item, name.value_map, name.flag))
             continue
         if name.status != "setting":
             out.problems.append(name_problem(table, version, item.key, item.place, name))
             continue
-        assert name.flag is not None and name.setting is not None
+        if name.flag is None or name.setting is None:
+            raise AssertionError("a resolved name names its flag and setting")
         converted = convert(table, version, name.flag, item.value)
         if isinstance(converted, Bad):
             out.problems.append(f"{item.place}: {converted.message}")

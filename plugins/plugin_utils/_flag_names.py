@@ -68,7 +68,7 @@ def resolve_name(table: FlagTable, version: str, key: str) -> Name:
 
 def describe_replacement(text: str) -> str:
     """``--cuda-graph-backend-{decode,prefill}=disabled`` -> settings as a user writes them."""
-    head, _, placeholder = text.partition(" ")
+    head, _unused, placeholder = text.partition(" ")
     option, eq, value = head.partition("=")
     match = re.fullmatch(r"(.*)\{([^}]*)\}(.*)", option)
     options = [f"{match[1]}{alt}{match[3]}" for alt in match[2].split(",")] if match else [option]
@@ -137,7 +137,8 @@ def name_problem(table: FlagTable, version: str, key: str, place: str, name: Nam
     if name.status == "rejected":
         return f"{place}: '{key}' is deprecated in SGLang {version} and its parser rejects it; remove the key"
     if name.status == "deprecated":
-        assert name.flag is not None
+        if name.flag is None:
+            raise AssertionError("a known name has its flag")
         replacement = describe_replacement(name.flag.deprecated_for or "")
         via = f" (there it is called {name.setting})" if name.setting != key else ""
         return (

@@ -209,7 +209,8 @@ def _choice_problem(table: FlagTable, version: str, flag: Flag, value: Any) -> s
         if flag.choices:
             text += f"; choose one of: {', '.join(str(c) for c in flag.choices)}"
     else:
-        assert flag.choices is not None
+        if flag.choices is None:
+            raise AssertionError("only a flag with choices gets here")
         text = (
             f"{value!r} is not a valid choice for {flag.opt} on SGLang {version}; "
             f"choose one of: {', '.join(str(c) for c in flag.choices)}"

@@ -11,17 +11,25 @@ The instance's series are chosen by a label selector: by default
 role gives every target; ``instance="{host}:{port}"`` (the scrape target) suits a Prometheus set
 up otherwise. Its placeholders are ``{host}`` (``ansible_host``, else the
 inventory name), ``{inventory_hostname}``, ``{port}`` and ``{name}`` (the instance name).
+
+Requests go through ansible-core's ``open_url``: an https Prometheus is verified against a CA bundle
+(``Access.ca_path``, else the system's), and basic authentication is sent from ``Access`` rather
+than from credentials in the URL, which is recorded with the task's arguments.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 DEFAULT_SELECTOR = 'host="{inventory_hostname}",instance_name="{name}"'
 
@@ -46,17 +54,38 @@ class PrometheusError(Exception):
     """Prometheus did not answer a query usefully; the message quotes the query and the answer."""
 
 
-def http_get(url: str, timeout: float) -> tuple[int | None, str]:
+@dataclass(frozen=True)
+class Access:
+    """How to reach Prometheus: the CA bundle an https URL is verified against (None: the
+    system's), whether to verify at all, and basic authentication (sent only when a user is set)."""
+
+    ca_path: str | None = None
+    validate_certs: bool = True
+    username: str | None = None
+    password: str | None = None
+
+
+def http_get(url: str, timeout: float, access: Access = Access()) -> tuple[int | None, str]:
     """(status, body); status None when the connection failed (body says why)."""
     if not url.startswith(("http://", "https://")):
         raise PrometheusError(f"refusing to fetch {url!r}: only http:// or https:// Prometheus URLs")
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - scheme checked
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - scheme checked
+        resp = open_url(
+            url,
+            headers={"Accept": "application/json"},
+            timeout=timeout,
+            validate_certs=access.validate_certs,
+            ca_path=access.ca_path,
+            url_username=access.username,
+            url_password=access.password,
+            force_basic_auth=access.username is not None,
+            follow_redirects="safe",
+        )
+        with resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, UrlsConnectionError, OSError) as exc:
         return None, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 
@@ -103,10 +132,13 @@ def read_samples(
     end: float,
     step: float,
     timeout: float = 30.0,
-    fetch: Fetch = http_get,
+    fetch: Fetch | None = None,
+    access: Access = Access(),
 ) -> tuple[list[dict[str, float]], list[str]]:
     """One instance's samples over [start, end], every ``step`` seconds: ``{"t": seconds since
-    start, <key>: value, ...}`` (the keys of :data:`QUERIES` Prometheus has), and the problems."""
+    start, <key>: value, ...}`` (the keys of :data:`QUERIES` Prometheus has), and the problems.
+    ``fetch`` (default: :func:`http_get` with ``access``) makes the requests."""
+    fetch = fetch or functools.partial(http_get, access=access)
     by_time: dict[float, dict[str, float]] = {}
     problems: list[str] = []
     for key, (metric, how) in QUERIES.items():

@@ -216,7 +216,8 @@ class Retune:
 
     def _run_waves(self, waves: list[list[str]], decisions: Mapping[str, Decision]) -> str | None:
         """The waves in order, until one fails; returns why the retune stopped, if it did."""
-        assert self.clients is not None
+        if self.clients is None:
+            raise AssertionError("the clients are known in this phase")
         unstoppable = self.clients.stop_undrained()
         if unstoppable:
             msg = clients_in_the_way(unstoppable)
@@ -250,7 +251,8 @@ class Retune:
     def _run_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
         """Drain the wave's endpoints in the clients, stop → release → start (rollback), then
         resume the endpoints whatever happened."""
-        assert self.clients is not None
+        if self.clients is None:
+            raise AssertionError("the clients are known in this phase")
         unstoppable = self.clients.drain(wave)
         try:
             if unstoppable:

@@ -68,7 +68,8 @@ def predict_after(
         else:
             out["prediction_missing"] = FACTS
         return out
-    assert total is not None  # derive_model_facts needs it for the facts
+    if total is None:  # derive_model_facts needs it for the facts
+        raise AssertionError("the total GPU memory is known here")
     settings = Settings.from_args(dict(instance.get("args") or {}), dict(instance.get("env") or {}))
     plan = predict_effective_max_running_requests(release, derived.facts, total, settings)
     detail.update(

@@ -4,6 +4,10 @@
 so putting ``collections/`` on sys.path makes ``ansible_collections.sglang_ops.fleet`` importable
 from a plain checkout.
 
+The simulated GPU host (``gpusim``, this repository's own test double, not on PyPI) is imported
+from its source when it is not installed: ``make venv`` installs it, ``ansible-test units`` installs
+only ``tests/unit/requirements.txt``. ``support/`` (``cli_tools``) is put on sys.path.
+
 The ``sglang_argparse`` fixture rebuilds each SGLang version's argparse parser from the flag dumps
 vendored in the repository (``tests/doubles/gpusim/src/gpusim/flags/``, dumped from each release's
 own parser), independently of the collection's generated flag table. Tests parse rendered argv
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -31,6 +36,15 @@ FLAG_DUMPS = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "fl
 
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+if str(Path(__file__).resolve().parent / "support") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+try:
+    import gpusim  # noqa: F401  # pylint: disable=unused-import
+except ModuleNotFoundError:
+    # Also for the simulator's own processes (python -m gpusim.admin, the simulated servers).
+    _GPUSIM_SRC = str(REPO_ROOT / "tests" / "doubles" / "gpusim" / "src")
+    sys.path.insert(0, _GPUSIM_SRC)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_GPUSIM_SRC, os.environ.get("PYTHONPATH")) if p)
 
 
 def _human_readable_int(text: str) -> int:
@@ -114,19 +128,20 @@ def _add_entry(parser: argparse.ArgumentParser, entry: Mapping[str, Any]) -> Non
 class SGLangArgparse:
     """Per-version parsers like SGLang's (allow_abbrev on, every spelling and alias present)."""
 
-    @functools.cache  # noqa: B019 - one instance per session; the cache lives as long as the fixture
+    # One instance per session; the cache lives as long as the fixture.
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def entries(self, version: str) -> dict[str, Any]:
         """The argparse entries of ``version``, as its own parser dumped them."""
         return json.loads((FLAG_DUMPS / f"{version}.json").read_text(encoding="utf-8"))
 
-    @functools.cache  # noqa: B019
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def parser(self, version: str) -> argparse.ArgumentParser:
         parser = _Parser(prog="sglang serve", add_help=False, argument_default=argparse.SUPPRESS)
         for entry in self.entries(version).values():
             _add_entry(parser, entry)
         return parser
 
-    @functools.cache  # noqa: B019
+    @functools.cache  # noqa: B019  # pylint: disable=method-cache-max-size-none
     def current_spellings(self, version: str) -> frozenset[str]:
         """Option strings of ``version`` that are not deprecated."""
         return frozenset(

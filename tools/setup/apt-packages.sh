@@ -5,8 +5,9 @@ set -euo pipefail
 # for the repo-local virtualenv on a bare Debian 12 (its python3 has no ensurepip without it). LXC itself
 # runs inside the Proxmox-like test host, from the test-host image, not on this machine. prometheus
 # only for promtool: the monitoring role's alerting rules and dashboard are tested with it (the
-# server the package also brings is stopped below if its install started it).
-wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd python3-venv prometheus)
+# server the package also brings is stopped below if its install started it). shellcheck for
+# ansible-test sanity's shellcheck test (make lint).
+wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd python3-venv prometheus shellcheck)
 missing=()
 for p in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -203,7 +203,7 @@ class Dispatcher:
         other endpoints. Returns how many were abandoned. The endpoints are drained already, so no new
         request to them starts meanwhile."""
         targets = set(endpoints)
-        tasks = [t for t, (ep, _) in self.inflight.items() if ep in targets]
+        tasks = [t for t, (ep, _unused) in self.inflight.items() if ep in targets]
         if tasks and timeout > 0:
             await asyncio.wait(tasks, timeout=timeout)
         left = [t for t in tasks if not t.done() and self.inflight[t][0].drained]

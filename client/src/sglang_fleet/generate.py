@@ -143,8 +143,8 @@ class Generator:
                 if moved:
                     log.info("--retry-failed: earlier failures moved to %s; those prompts are tried again", moved)
             t0 = time.monotonic()
-            self.done, _ = await asyncio.to_thread(self.store.load_done, exact=self._scan.exact_ids)
-            failed_before = sum(1 for _ in self.store.iter_failed_ids())
+            self.done, _unused = await asyncio.to_thread(self.store.load_done, exact=self._scan.exact_ids)
+            failed_before = sum(1 for _unused in self.store.iter_failed_ids())
             self.stats.done_at_start = len(self.done)
             self.stats.failed_at_start = failed_before
             log.info(

@@ -149,7 +149,7 @@ class HTTPPool:
             data = f"{prefix}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         else:
             data = f"{prefix}\r\n".encode("latin-1")
-        for _ in range(2):
+        for _unused in range(2):
             conn = self._take_idle()
             reused = conn is not None
             if conn is None:

@@ -71,7 +71,7 @@ class DigestSet:
     __slots__ = ("_buckets", "_len")
 
     def __init__(self, digests: Iterable[int] = ()) -> None:
-        buckets = [array("Q") for _ in range(1 << _BUCKET_BITS)]
+        buckets = [array("Q") for _unused in range(1 << _BUCKET_BITS)]
         for d in digests:
             buckets[d >> _SHIFT].append(d)
         total = 0
@@ -107,7 +107,7 @@ class DigestSet:
 
 def duplicate_digests(digests: array[int]) -> set[int]:
     """Digests that occur more than once (a duplicate id, or, very rarely, a collision)."""
-    buckets: list[array[int]] = [array("Q") for _ in range(1 << _BUCKET_BITS)]
+    buckets: list[array[int]] = [array("Q") for _unused in range(1 << _BUCKET_BITS)]
     for d in digests:
         buckets[d >> _SHIFT].append(d)
     dups: set[int] = set()

@@ -123,7 +123,7 @@ def parse_response(api: str, data: Any, *, split_think_tags: bool = False) -> Co
     if output is not None and not isinstance(output, str):
         raise AttemptError(Kind.RETRY, "answer content is not text")
     if split_think_tags and reasoning is None and output and "</think>" in output:
-        head, _, tail = output.partition("</think>")
+        head, _unused, tail = output.partition("</think>")
         reasoning = head.replace("<think>", "", 1).strip()
         output = tail.lstrip()
     usage = data.get("usage")

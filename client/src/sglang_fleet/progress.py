@@ -55,7 +55,7 @@ class Stats:
         return (n1 - n0) / dt, (k1 - k0) / dt
 
     def eta_s(self) -> float | None:
-        rps, _ = self.rates()
+        rps, _unused = self.rates()
         remaining = max(0, self.total - self.done)
         if remaining == 0:
             return 0.0

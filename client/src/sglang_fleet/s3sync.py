@@ -44,7 +44,7 @@ class S3SyncError(Exception):
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, prefix = uri[5:].partition("/")
+    bucket, _unused, prefix = uri[5:].partition("/")
     if not bucket:
         raise ValueError(f"no bucket in {uri!r}")
     return bucket, prefix.strip("/")

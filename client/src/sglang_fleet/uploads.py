@@ -173,7 +173,7 @@ class Uploads:
             stop: asyncio.Future[Any] | None = asyncio.create_task(stop_event.wait()) if ending else None
             if stop is not None:
                 waits.add(stop)
-            done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            done, _unused = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if stop is not None:
                 stop.cancel()
             if sync in done and sync.exception() is None:

@@ -97,7 +97,7 @@ def fast_id(raw: bytes) -> str:
     if raw.startswith(b'{"id":"'):
         head = raw[7:1031].decode("utf-8", "ignore")
         try:
-            value, _ = scanstring(head, 0)
+            value, _unused = scanstring(head, 0)
             return str(value)
         except ValueError:
             pass

@@ -77,7 +77,7 @@ class Redactor:
                 out.append(REDACTED)
                 hide_next = False
                 continue
-            flag, eq, _ = word.partition("=")
+            flag, eq, _unused = word.partition("=")
             if flag in SECRET_FLAGS:
                 if eq:
                     out.append(flag + "=" + REDACTED)
@@ -110,7 +110,7 @@ def read_env_file(path: str) -> dict[str, str]:
         line = raw.strip()
         if not line or line.startswith(("#", ";")) or "=" not in line:
             continue
-        key, _, value = line.partition("=")
+        key, _unused, value = line.partition("=")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]

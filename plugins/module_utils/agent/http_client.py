@@ -4,33 +4,37 @@
 
 from __future__ import annotations
 
+import http.client
 import json
-import socket
-import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any
 
 
 def http_request(
     url: str, timeout: float, api_key: str = "", body: dict[str, Any] | None = None
 ) -> tuple[int | None, str]:
-    """(status, body); status None when the connection failed (body says why)."""
-    data = None if body is None else json.dumps(body).encode()
+    """(status, body); status None when the connection failed (body says why).
+
+    ``http.client`` directly: the agent runs outside Ansible (from its bundle, in LXC containers
+    and in the start guard) and speaks plain HTTP to an instance on its own host, never through
+    a proxy, so neither urllib's handlers nor ansible-core's ``open_url`` add anything."""
     if not url.startswith("http://"):
         raise ValueError(f"refusing to fetch {url!r}: only http:// to the instance's own port")
-    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")  # noqa: S310
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
     if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+        headers["Authorization"] = f"Bearer {api_key}"
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback URLs we build
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, socket.timeout) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, f"{type(exc).__name__}: {reason}"
+        conn.request("POST" if body is not None else "GET", path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
 
 
 def timed_out(error: str) -> bool:

@@ -258,7 +258,8 @@ def journal_head(
 
         timer = threading.Timer(timeout, kill_group, args=(proc.pid,))
         timer.start()
-        assert proc.stdout is not None
+        if proc.stdout is None:
+            raise AssertionError("Popen with stdout=PIPE has a stdout")
         for count, line in enumerate(proc.stdout):
             if wanted.search(line):
                 found.append(redactor.text(line.rstrip("\n")))

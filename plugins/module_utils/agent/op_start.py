@@ -130,7 +130,7 @@ def _prove_started(
             res["started"] = True
             res["new_main_pid"] = ident["main_pid"]
             res["new_invocation_id"] = ident["invocation_id"]
-            status, _ = host.http(
+            status, _unused = host.http(
                 instance_url(inst, "/health"), min(host.http_timeout, max(1.0, deadline - host.monotonic()))
             )
             if status == 200:
@@ -138,7 +138,7 @@ def _prove_started(
                 return True
         return False
 
-    healthy, _ = host.wait(settled, deadline)
+    healthy, _unused = host.wait(settled, deadline)
     ident = seen["ident"]
     if seen["crashed"]:
         res.update(

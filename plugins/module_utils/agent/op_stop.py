@@ -122,7 +122,7 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
             fresh = False
             return not any(_in_teardown(holders[i["name"]], sigkilled) for i in instances)
 
-        _, teardown_s = host.wait(torn_down, release_deadline)
+        _unused, teardown_s = host.wait(torn_down, release_deadline)
         teardown_s = round(teardown_s, 3)
     final = host.units(units)
     if not all(stopped(final[u]) for u in units):

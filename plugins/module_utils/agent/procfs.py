@@ -56,8 +56,8 @@ def proc_cgroup(pid: int) -> str:
         return ""
     v1 = ""
     for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+        hier, _unused, rest = line.partition(":")
+        controllers, _unused, path = rest.partition(":")
         if hier == "0" and controllers == "":
             return path
         if controllers == "name=systemd":
@@ -73,7 +73,7 @@ def proc_environ(pid: int) -> dict[str, str] | None:
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         if b"=" in item:
-            key, _, value = item.partition(b"=")
+            key, _unused, value = item.partition(b"=")
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
 

@@ -39,14 +39,14 @@ def systemctl_show(units: list[str]) -> dict[str, dict[str, str]]:
     rc, out, err = run_cmd(argv)
     if rc != 0:
         raise EvidenceError("systemd unit state", argv, rc, out, err)
-    blocks = [b for b in out.strip("\n").split("\n\n")]
+    blocks = out.strip("\n").split("\n\n")
     if len(blocks) != len(units):
         raise EvidenceError("systemd unit state (one block per unit expected)", argv, rc, out, err)
     result: dict[str, dict[str, str]] = {}
     for unit, block in zip(units, blocks):
         values: dict[str, str] = {}
         for line in block.splitlines():
-            key, _, value = line.partition("=")
+            key, _unused, value = line.partition("=")
             values[key] = value
         if "ActiveState" not in values:
             raise EvidenceError("systemd unit state (no ActiveState)", argv, rc, out, err)

@@ -112,7 +112,7 @@ def test_the_same_tuning_on_the_other_version_still_renders(example_hostvars: di
     """Moving pve-rtx to 0.5.23 needs no inventory change beyond the version: it writes
     disable_overlap_schedule down with no_buffer, which 0.5.14+ require."""
     upgraded = {**example_hostvars["pve-rtx"], "sglang_server_version": "0.5.23"}
-    [first, *_] = resolve_instances("pve-rtx", upgraded)
+    [first, *_unused] = resolve_instances("pve-rtx", upgraded)
     assert first["args"]["mamba_radix_cache_strategy"] == "no_buffer"
     assert first["args"]["disable_overlap_schedule"] is True
     assert "--mamba-radix-cache-strategy" in first["argv"]

@@ -162,7 +162,7 @@ def test_a_client_that_did_not_answer_is_named_in_the_advice() -> None:
 def test_prometheus_replaces_the_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[Any, ...]] = []
 
-    def read_samples(url: str, selector: str, start: float, end: float, step: float, timeout: float) -> Any:
+    def read_samples(url: str, selector: str, start: float, end: float, step: float, timeout: float, **kw: Any) -> Any:
         asked.append((url, selector, round(end - start), step, timeout))
         return samples(), []
 
@@ -187,6 +187,33 @@ def test_prometheus_replaces_the_sampling(monkeypatch: pytest.MonkeyPatch) -> No
     assert action._execute_module.call_args.kwargs["module_args"]["options"]["sample_metrics"] is False
     assert asked == [("http://prometheus:9090", 'host="b200-node",instance_name="gpu0"', 600, 15.0, 30.0)]
     assert result["source"] == "prometheus" and result["instances"][0]["diagnosis"] == "mamba-bound"
+
+
+def test_prometheus_ca_bundle_and_credentials_reach_the_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    accesses: list[Any] = []
+
+    def read_samples(*args: Any, access: Any, **kw: Any) -> Any:
+        accesses.append(access)
+        return samples(), []
+
+    monkeypatch.setattr(advise_action._prometheus, "read_samples", read_samples)
+    action = make_action(
+        {
+            "instances": resolved(),
+            "prometheus_url": "https://prometheus:9090",
+            "prometheus_ca_path": "/etc/ssl/prometheus-ca.pem",
+            "prometheus_username": "advisor",
+            "prometheus_password": "s3cret",
+        }
+    )
+    action._execute_module = MagicMock(return_value=observed(with_samples=False))  # type: ignore[method-assign]
+    result = action.run(task_vars=task_vars())
+    assert accesses == [
+        advise_action._prometheus.Access(
+            ca_path="/etc/ssl/prometheus-ca.pem", validate_certs=True, username="advisor", password="s3cret"
+        )
+    ]
+    assert "s3cret" not in repr(result)
 
 
 def test_a_failed_observe_phase_is_a_host_problem_not_a_failed_task() -> None:

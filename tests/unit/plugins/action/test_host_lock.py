@@ -67,7 +67,7 @@ def test_a_lease_left_by_a_dead_run_of_this_controller_is_taken_over_at_once() -
     calls: list[dict[str, Any]] = []
 
     def execute(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-        assert module_name == "sglang_ops.fleet.host_lock"
+        assert module_name == "sglang_ops.fleet.host_lock_lease"
         calls.append(module_args)
         if "take_over" not in module_args:
             return {"failed": True, "msg": "the host is locked by run crashed", "holder": holder}

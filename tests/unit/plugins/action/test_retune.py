@@ -222,7 +222,7 @@ def test_check_mode_runs_only_inspect_and_returns_diff() -> None:
 
 def test_diff_is_dropped_without_diff_mode() -> None:
     action = make_action({"instances": resolved()}, check_mode=True, diff=False)
-    execute, _ = scripted({"inspect": {"instances": {"gpu0": FACTS_OLD}}})
+    execute, _unused = scripted({"inspect": {"instances": {"gpu0": FACTS_OLD}}})
     action._execute_module = MagicMock(side_effect=execute)
     assert "diff" not in action.run(task_vars={})
 

@@ -6,12 +6,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from unittest.mock import patch
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_cli_args as cli_filter
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_instances as instances_filter
@@ -98,7 +98,7 @@ def test_filter_through_ansible_by_its_fqcn(tmp_path: Path) -> None:
         "ANSIBLE_NOCOLOR": "1",
     }
     expression = "{{ {'cuda_graph_max_bs': 8, 'enable_metrics': true} | sglang_ops.fleet.server_cli_args('0.5.23') }}"
-    ansible = Path(sys.executable).with_name("ansible")
+    ansible = cli("ansible")
     completed = subprocess.run(
         [
             str(ansible),
@@ -119,6 +119,6 @@ def test_filter_through_ansible_by_its_fqcn(tmp_path: Path) -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    head, _, payload = completed.stdout.partition("=>")
+    head, _unused, payload = completed.stdout.partition("=>")
     assert "localhost | SUCCESS" in head, completed.stdout
     assert json.loads(payload)["msg"] == ["--cuda-graph-max-bs-decode", "8", "--enable-metrics"]

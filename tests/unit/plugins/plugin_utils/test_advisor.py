@@ -158,7 +158,7 @@ def test_the_b200_run_is_mamba_bound_and_gets_more_slots_within_memory() -> None
         validate_args({k: v[1] for k, v in prop.changes.items()}, "0.5.23")
         # ...starts in the simulator, whose memory math gives the same effective max.
         new_args, new_mfs = applied(FIRST_TUNING, 0.854, prop)
-        _, _, sim_plan, _ = simulate(new_args, new_mfs)
+        _unused, _unused, sim_plan, _unused = simulate(new_args, new_mfs)
         assert sim_plan.max_running == prop.effective_max_after
         assert sim_plan.kv_tokens == pytest.approx(prop.kv_tokens_after, rel=2e-3)
         # Never fewer KV tokens than one request of the full context.
@@ -233,7 +233,7 @@ def test_a_kv_bound_instance_gets_no_more_mamba_slots() -> None:
         assert "mamba_radix_cache_strategy" not in prop.changes
         assert prop.kv_tokens_after is not None and prop.kv_tokens_after > 75000
         new_args, new_mfs = applied(args, 0.854, prop)
-        _, _, sim_plan, _ = simulate(new_args, new_mfs)
+        _unused, _unused, sim_plan, _unused = simulate(new_args, new_mfs)
         assert sim_plan.kv_tokens == pytest.approx(prop.kv_tokens_after, rel=2e-3)
     assert advice.proposal is not None and advice.proposal.changes["mem_fraction_static"][1] == 0.93
 
@@ -295,7 +295,9 @@ def test_max_running_bound_raises_max_running_requests_within_the_kv_cache() -> 
     prop = advice.proposal
     assert prop is not None and set(prop.changes) == {"max_running_requests"}
     assert prop.changes["max_running_requests"] == [32, 256]
-    _, _, sim_plan, _ = simulate({**plain, "max_running_requests": 256}, 0.903, profile="qwen3-8b", gpu=H200)
+    _unused, _unused, sim_plan, _unused = simulate(
+        {**plain, "max_running_requests": 256}, 0.903, profile="qwen3-8b", gpu=H200
+    )
     assert sim_plan.max_running == prop.effective_max_after == 256
 
 

@@ -255,7 +255,9 @@ def test_value_map_false_is_simply_omitted() -> None:
 def test_value_map_contradicting_an_explicit_setting_is_an_error() -> None:
     with pytest.raises(ServerArgsError, match="contradicts"):
         validate_args({"disable_piecewise_cuda_graph": True, "cuda_graph_backend_prefill": "full"}, "0.5.23")
-    args, _ = validate_args({"disable_piecewise_cuda_graph": True, "cuda_graph_backend_prefill": "disabled"}, "0.5.23")
+    args, _unused = validate_args(
+        {"disable_piecewise_cuda_graph": True, "cuda_graph_backend_prefill": "disabled"}, "0.5.23"
+    )
     assert args == {"cuda_graph_backend_prefill": "disabled"}
 
 
@@ -493,7 +495,7 @@ def test_all_problems_are_collected_into_one_error() -> None:
 def test_one_setting_under_two_names_with_different_values() -> None:
     with pytest.raises(ServerArgsError, match="both set mamba_radix_cache_strategy"):
         validate_args({"mamba_scheduler_strategy": "no_buffer", "mamba_radix_cache_strategy": "auto"}, "0.5.23")
-    args, _ = validate_args({"mamba_scheduler_strategy": "auto", "mamba_radix_cache_strategy": "auto"}, "0.5.23")
+    args, _unused = validate_args({"mamba_scheduler_strategy": "auto", "mamba_radix_cache_strategy": "auto"}, "0.5.23")
     assert args == {"mamba_radix_cache_strategy": "auto"}
 
 

@@ -408,7 +408,7 @@ def test_unchecked_args_are_rendered_verbatim_with_a_warning() -> None:
 
 
 def test_unchecked_args_that_the_table_knows_suggest_moving_them() -> None:
-    [instance, _] = resolve_instances("node1", host(sglang_server_args_unchecked={"enable_metrics": True}))
+    [instance, _unused] = resolve_instances("node1", host(sglang_server_args_unchecked={"enable_metrics": True}))
     assert instance["warnings"] == [
         "host node1, instance gpu0: sglang_server_args_unchecked.enable_metrics is passed unchecked as "
         "--enable-metrics; SGLang 0.5.23 knows this flag as enable_metrics, move it to args to have it checked"
@@ -529,7 +529,7 @@ def test_resolve_does_not_mutate_its_input() -> None:
 
 
 def test_a_resolved_instance_is_frozen_and_its_dict_a_copy() -> None:
-    [instance, _] = resolve_host("node1", host(sglang_server_args={"cuda_graph_bs": [1, 2]}))
+    [instance, _unused] = resolve_host("node1", host(sglang_server_args={"cuda_graph_bs": [1, 2]}))
     with pytest.raises(dataclasses.FrozenInstanceError):
         instance.port = 1  # type: ignore[misc]
     as_dict = instance.to_dict()

@@ -3,14 +3,23 @@ Prometheus HTTP API on a local port: the range queries it makes and the samples 
 
 from __future__ import annotations
 
+import base64
+import datetime
+import ipaddress
 import json
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _prometheus
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import window_stats
@@ -23,6 +32,8 @@ class FakePrometheus:
         self.series: dict[str, list[tuple[float, float]]] = {}
         self.queries: list[dict[str, str]] = []
         self.fail: str | None = None
+        # The Authorization header a request must carry (None: any request is answered).
+        self.need_auth: str | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,6 +41,9 @@ class FakePrometheus:
                 url = urllib.parse.urlparse(self.path)
                 params = dict(urllib.parse.parse_qsl(url.query))
                 fake.queries.append({"path": url.path, **params})
+                if fake.need_auth is not None and self.headers.get("Authorization") != fake.need_auth:
+                    self.answer(401, {"status": "error", "error": "unauthorized"})
+                    return
                 if fake.fail == "500":
                     self.answer(500, {"status": "error", "error": "boom"})
                     return
@@ -103,7 +117,7 @@ def test_no_series_and_errors_are_problems(prometheus: FakePrometheus) -> None:
     assert problems == ['Prometheus has no sglang:num_running_reqs{job="x"} between 0 and 10']
     prometheus.series = {"sglang:num_running_reqs": [(0.0, 1)]}
     prometheus.fail = "two"
-    _, problems = _prometheus.read_samples(prometheus.url, 'job="x"', 0.0, 10.0, 5.0)
+    _unused, problems = _prometheus.read_samples(prometheus.url, 'job="x"', 0.0, 10.0, 5.0)
     assert "unusable answer (2 series; the query must aggregate them into one)" in problems[0]
     prometheus.fail = "500"
     with pytest.raises(_prometheus.PrometheusError, match=r": 500: \{\"status\": \"error\""):
@@ -133,3 +147,47 @@ def test_kv_usage_is_read_as_full_token_usage(prometheus: FakePrometheus) -> Non
     assert any(q["query"] == 'max(sglang:full_token_usage{instance_name="gpu0"})' for q in prometheus.queries)
     stats = window_stats(samples, 16, 941074, "sglang:full_token_usage")
     assert (stats.kv_usage_metric, stats.kv_usage_mean) == ("sglang:full_token_usage", 0.03)
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (PEM files): the CA bundle is the certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-prometheus")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "prometheus.crt", tmp_path / "prometheus.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def test_https_with_a_ca_bundle_and_basic_auth(prometheus: FakePrometheus, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    prometheus.server.socket = context.wrap_socket(prometheus.server.socket, server_side=True)
+    prometheus.need_auth = "Basic " + base64.b64encode(b"advisor:s3cret").decode()
+    prometheus.series = {"sglang:num_running_reqs": [(1000.0, 16)]}
+    url = prometheus.url.replace("http://", "https://")
+    access = _prometheus.Access(ca_path=str(cert), username="advisor", password="s3cret")
+    samples, problems = _prometheus.read_samples(url, 'job="x"', 1000.0, 1000.0, 5.0, timeout=5, access=access)
+    assert problems == [] and samples == [{"t": 0.0, "num_running_reqs": 16.0}]
+    # The system's CA bundle does not know the certificate: no answer, and why.
+    status, body = _prometheus.http_get(url + "/api/v1/query_range?query=up", 5, _prometheus.Access())
+    assert status is None and "CERTIFICATE_VERIFY_FAILED" in body
+    # Without the credentials, Prometheus's 401 is the answer.
+    status, _body = _prometheus.http_get(url + "/api/v1/query_range?query=up", 5, _prometheus.Access(ca_path=str(cert)))
+    assert status == 401

@@ -16,14 +16,14 @@ ARGV_OLD = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-mamba
 ARGV_NEW = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-mamba-cache-size", "200"]
 
 
-def instance(name: str, port: int, argv: list[str] = ARGV_NEW) -> dict[str, Any]:
+def instance(name: str, port: int, argv: tuple[str, ...] = tuple(ARGV_NEW)) -> dict[str, Any]:
     return {
         "name": name,
         "unit": f"sglang-{name}.service",
         "gpus": [port - 30000],
         "port": port,
         "container": None,
-        "argv": argv,
+        "argv": list(argv),
         "env": {"CUDA_VISIBLE_DEVICES": str(port - 30000)},
         "expected_server_info": {"max_mamba_cache_size": 200},
         "fingerprint": f"fp-{name}-new",
@@ -31,7 +31,7 @@ def instance(name: str, port: int, argv: list[str] = ARGV_NEW) -> dict[str, Any]
 
 
 def facts(
-    name: str, *, running: bool = True, argv: list[str] = ARGV_OLD, mamba: int = 80, **extra: Any
+    name: str, *, running: bool = True, argv: tuple[str, ...] = tuple(ARGV_OLD), mamba: int = 80, **extra: Any
 ) -> dict[str, Any]:
     base = {
         "name": name,
@@ -40,8 +40,8 @@ def facts(
         "sub_state": "running" if running else "dead",
         "main_pid": 1000 if running else 0,
         "invocation_id": f"inv-{name}",
-        "argv": argv,
-        "argv_matches": argv == ARGV_NEW,
+        "argv": list(argv),
+        "argv_matches": list(argv) == ARGV_NEW,
         "env_mismatches": {},
         "health_status": 200 if running else None,
         "server_info_status": 200 if running else None,
@@ -133,7 +133,7 @@ class Host:
         raise AssertionError(op)
 
     def ops(self) -> list[tuple[str, list[str]]]:
-        return [(op, names) for op, names, _ in self.calls]
+        return [(op, names) for op, names, _unused in self.calls]
 
 
 def run(host: Host, insts: list[dict[str, Any]], check: bool = False, **opts: Any) -> dict[str, Any]:
@@ -319,7 +319,7 @@ def test_unreachable_mid_way_is_reported_as_unknown_state_and_stops() -> None:
 
 
 def test_not_proven_dead_is_never_relaunched() -> None:
-    def stop(names, *_):
+    def stop(names, *_unused):
         return {
             "instances": {
                 n: {
@@ -333,7 +333,7 @@ def test_not_proven_dead_is_never_relaunched() -> None:
 
     host = Host({"gpu0": facts("gpu0")}, stop=stop)
     out = run(host, [instance("gpu0", 30000)])
-    assert [op for op, _ in host.ops()] == ["inspect", "stop"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "stop"]
     r = out["instances"][0]
     assert r["action"] == "failed"
     assert r["state"] == "down"
@@ -343,7 +343,7 @@ def test_not_proven_dead_is_never_relaunched() -> None:
 
 
 def test_memory_never_released_fails_closed() -> None:
-    def release(names, *_):
+    def release(names, *_unused):
         return {
             "instances": {
                 n: {"released": False, "msg": "GPU memory not released within 5s", "used_mib": {"0": 120000}}
@@ -353,7 +353,7 @@ def test_memory_never_released_fails_closed() -> None:
 
     host = Host({"gpu0": facts("gpu0")}, release=release)
     out = run(host, [instance("gpu0", 30000)])
-    assert [op for op, _ in host.ops()] == ["inspect", "stop", "release"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "stop", "release"]
     assert out["instances"][0]["action"] == "failed"
     assert "not relaunched" in out["instances"][0]["msg"]
 
@@ -410,7 +410,7 @@ def test_no_last_good_means_down_and_said_so() -> None:
 
 
 def test_rollback_disabled_settings_mismatch_is_unverified_not_hidden() -> None:
-    def mismatch(names, *_):
+    def mismatch(names, *_unused):
         return {
             "instances": {
                 n: {
@@ -643,7 +643,7 @@ def four() -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
 def client_ops(host: Host) -> list[tuple[str, Any]]:
     """Each operation in order, with what it was asked about the clients."""
     out: list[tuple[str, Any]] = []
-    for (op, names, _), (_, options) in zip(host.calls, host.options, strict=True):
+    for (op, names, _unused), (_unused, options) in zip(host.calls, host.options, strict=True):
         if op in ("drain", "resume"):
             out.append((op, options["clients"]))
         elif op in ("clients", "client_stop", "client_start"):
@@ -709,7 +709,7 @@ def test_instances_not_retuned_are_never_drained() -> None:
     drains = [o["clients"] for op, o in host.options if op == "drain"]
     assert drains == [{GEN: [url(30000)]}]
     assert [o.get("resume_clients") for op, o in host.options if op == "start"] == [{GEN: [url(30000)]}]
-    assert not any(op in ("client_stop", "client_start") for op, _ in host.ops())
+    assert not any(op in ("client_stop", "client_start") for op, _unused in host.ops())
     modes = {c["unit"]: c["mode"] for c in out["clients"]}
     assert modes == {GEN: "drained", OTHER: "not sending here"}
     assert out["clients_stopped"] == []
@@ -720,7 +720,7 @@ def test_a_client_that_does_not_answer_is_stopped_for_the_retune_and_started_aga
     insts, found = four()
     host = Host(found, clients_found={GEN: silent(GEN)})
     out = run(host, insts, client_units=[GEN])
-    ops = [op for op, _ in host.ops()]
+    ops = [op for op, _unused in host.ops()]
     assert ops == ["inspect", "clients", "client_stop", *(["stop", "release", "start"] * 2), "client_start"]
     assert "drain" not in ops
     assert out["clients_stopped"] == [GEN]
@@ -761,7 +761,7 @@ def test_a_wave_that_fails_still_resumes_and_the_stopped_clients_are_started_aga
 
 
 def test_a_phase_that_raises_still_resumes_and_starts_the_clients_again() -> None:
-    def boom(*_: Any) -> None:
+    def boom(*_unused: Any) -> None:
         raise RuntimeError("the connection plugin blew up")
 
     insts = [instance("gpu0", 30000)]
@@ -772,7 +772,7 @@ def test_a_phase_that_raises_still_resumes_and_starts_the_clients_again() -> Non
     )
     with pytest.raises(RuntimeError):
         run(host, insts, client_units=[GEN, OTHER])
-    assert [op for op, _ in host.ops()][-2:] == ["resume", "client_start"]
+    assert [op for op, _unused in host.ops()][-2:] == ["resume", "client_start"]
 
 
 def test_a_client_whose_drain_fails_is_stopped_for_the_rest_of_the_retune() -> None:
@@ -784,7 +784,7 @@ def test_a_client_whose_drain_fails_is_stopped_for_the_rest_of_the_retune() -> N
     insts, found = four()
     host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])}, drain=drain)
     out = run(host, insts, client_units=[GEN], canary=True)
-    assert [op for op, _ in host.ops()] == [
+    assert [op for op, _unused in host.ops()] == [
         "inspect",
         "clients",
         "drain",
@@ -831,7 +831,7 @@ def test_client_drain_false_stops_the_answering_clients_as_before() -> None:
     insts, found = four()
     host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])})
     out = run(host, insts, client_units=[GEN], client_drain=False)
-    ops = [op for op, _ in host.ops()]
+    ops = [op for op, _unused in host.ops()]
     assert ops[:3] == ["inspect", "clients", "client_stop"] and ops[-1] == "client_start"
     assert "drain" not in ops and "resume" not in ops
     assert out["clients"][0]["mode"] == "stopped"
@@ -845,7 +845,7 @@ def test_a_client_that_is_not_running_is_left_alone() -> None:
         clients_found={GEN: {"unit": GEN, "running": False, "active_state": "active", "sub_state": "exited"}},
     )
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
-    assert [op for op, _ in host.ops()] == ["inspect", "clients", "stop", "release", "start"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "clients", "stop", "release", "start"]
     assert out["clients"][0]["mode"] == "not running"
     assert out["notes"] == [f"client {GEN}: not running (unit active/exited), left alone"]
 
@@ -853,7 +853,7 @@ def test_a_client_that_is_not_running_is_left_alone() -> None:
 def test_clients_that_cannot_be_found_out_leave_the_host_untouched() -> None:
     host = Host({"gpu0": facts("gpu0")}, clients=lambda *a: {"unreachable": True, "msg": "gone"})
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
-    assert [op for op, _ in host.ops()] == ["inspect", "clients"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "clients"]
     assert out["failed"] is True and out["changed"] is False
     assert "the generation clients could not be found out" in out["msg"] and "nothing was changed" in out["msg"]
     assert out["instances"][0]["action"] == "skipped"
@@ -871,7 +871,7 @@ def test_a_client_that_cannot_be_stopped_keeps_its_instances_untouched() -> None
     host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: silent(GEN)}, client_stop=stuck)
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
     # Its instances keep running; the client is started again (the stop may finish later).
-    assert [op for op, _ in host.ops()] == ["inspect", "clients", "client_stop", "client_start"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "clients", "client_stop", "client_start"]
     assert out["failed"] is True and "down" not in out
     r = out["instances"][0]
     assert r["action"] == "skipped" and r["state"] == "running"
@@ -894,7 +894,7 @@ def test_a_failed_resume_is_a_host_note_not_an_instance_failure() -> None:
     host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume, start=start)
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
     # What the start phase could not resume, the resume phase tries again.
-    assert [op for op, _ in host.ops()][-2:] == ["start", "resume"]
+    assert [op for op, _unused in host.ops()][-2:] == ["start", "resume"]
     assert "failed" not in out
     assert out["instances"][0]["action"] == "relaunched"
     assert out["notes"][1].startswith(f"client {GEN}: resuming gpu0 failed (no answer within 45s); its drain lapses")

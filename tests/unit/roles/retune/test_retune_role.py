@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import (
     ARGUMENT_SPEC,
@@ -155,7 +155,7 @@ def _validate_playbook(tmp_path: Path, extra: dict[str, Any]) -> subprocess.Comp
     (tmp_path / "extra.json").write_text(json.dumps(extra))
     return subprocess.run(
         [
-            str(Path(sys.executable).parent / "ansible-playbook"),
+            cli("ansible-playbook"),
             "-i",
             "localhost,",
             "-c",
@@ -196,7 +196,7 @@ def test_the_action_takes_the_role_defaults_as_its_own() -> None:
 
 
 def test_the_collection_artifact_carries_the_role(tmp_path: Path) -> None:
-    galaxy = Path(sys.executable).parent / "ansible-galaxy"
+    galaxy = cli("ansible-galaxy")
     subprocess.run(
         [str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(ROLE_DIR.parents[1])],
         check=True,

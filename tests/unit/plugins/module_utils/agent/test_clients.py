@@ -53,7 +53,7 @@ class FakeClient:
     def _serve(self) -> None:
         while not self.closing.is_set():
             try:
-                conn, _ = self.server.accept()
+                conn, _unused = self.server.accept()
             except OSError:
                 return
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()

@@ -180,7 +180,7 @@ def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> N
         "client_units": ["gen.service", "silent.service"],
     }
     result = ops.run(req, host)
-    assert [unit for unit, _ in asked] == ["gen.service", "silent.service"]
+    assert [unit for unit, _unused in asked] == ["gen.service", "silent.service"]
     # Only the endpoint that reaches this host's gpu0 (port 30000) counts for it.
     assert result["instances"]["gpu0"]["clients"] == [
         {

@@ -3,6 +3,7 @@ matters (killing, /proc scanning, sockets), without systemd."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
@@ -10,8 +11,10 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,7 +191,7 @@ def test_process_table_sees_gpu_handles_and_listening_ports(devices: Path) -> No
 
 
 def test_kill_with_escalation_needs_sigkill_for_a_sigterm_ignorer(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0", "ignore-term")
+    p, _unused = start_holder(devices / "nvidia0", "ignore-term")
     entry = process_table(str(devices))[p.pid]
     log = kill_with_escalation([dict(entry, reason="test")], grace=0.5, redactor=Redactor())
     assert [e["signal"] for e in log] == ["SIGTERM", "SIGKILL"]
@@ -196,7 +199,7 @@ def test_kill_with_escalation_needs_sigkill_for_a_sigterm_ignorer(devices: Path)
 
 
 def test_kill_with_escalation_stops_at_sigterm_when_it_suffices(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0")
+    p, _unused = start_holder(devices / "nvidia0")
     entry = process_table(str(devices))[p.pid]
     log = kill_with_escalation([entry], grace=5, redactor=Redactor())
     assert [e["signal"] for e in log] == ["SIGTERM"]
@@ -204,7 +207,7 @@ def test_kill_with_escalation_stops_at_sigterm_when_it_suffices(devices: Path) -
 
 
 def test_kill_never_signals_a_reused_pid(devices: Path) -> None:
-    p, _ = start_holder(devices / "nvidia0")
+    p, _unused = start_holder(devices / "nvidia0")
     try:
         entry = dict(process_table(str(devices))[p.pid])
         entry["starttime"] -= 1  # what we saw was another process that had this PID
@@ -528,6 +531,50 @@ def test_http_request_reports_refused_connections() -> None:
     status, body = http_client.http_request(f"http://127.0.0.1:{port}/health", 2)
     assert status is None
     assert "refused" in body.lower()
+
+
+def test_http_request_statuses_bodies_and_timeouts() -> None:
+    """The instance's answer as it is (an error status with its body), the API key as a bearer
+    token, a JSON body posted, and a server that stops answering reported as timed out."""
+    seen: list[tuple[str, str, str | None, bytes]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.reply()
+
+        def do_POST(self) -> None:
+            self.reply()
+
+        def reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            seen.append((self.command, self.path, self.headers.get("Authorization"), self.rfile.read(length)))
+            if self.path == "/slow":
+                time.sleep(1.5)
+            status = 503 if self.path.startswith("/busy") else 200
+            data = b'{"ok": false}' if status == 503 else b"{}"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert http_client.http_request(base + "/busy?x=1", 2) == (503, '{"ok": false}')
+        assert http_client.http_request(base + "/generate", 2, "k3y", {"text": "hi"}) == (200, "{}")
+        status, body = http_client.http_request(base + "/slow", 0.3)
+        assert status is None and http_client.timed_out(body), body
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen[0][:3] == ("GET", "/busy?x=1", None)
+    assert seen[1] == ("POST", "/generate", "Bearer k3y", b'{"text": "hi"}')
+    with pytest.raises(ValueError, match="only http://"):
+        http_client.http_request("file:///etc/passwd", 1)
 
 
 def test_wait_units_polls_until_done(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,10 @@ from types import ModuleType
 
 import pytest
 import yaml
+from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401  # pylint: disable=unused-import
 
 REPO_ROOT = Path(__file__).resolve().parents[5]
 ROLE = REPO_ROOT / "roles/server"
@@ -72,7 +73,7 @@ def render(tmp_path: Path, **overrides: object) -> dict[str, str]:
     }
     done = subprocess.run(
         [
-            str(Path(sys.executable).with_name("ansible-playbook")),
+            cli("ansible-playbook"),
             *("-i", "localhost,", "-c", "local"),
             *("-e", json.dumps(extra)),
             str(tmp_path / "render.yml"),
@@ -93,7 +94,7 @@ def settings(unit: str) -> dict[str, list[str]]:
     logical = unit.replace("\\\n", " ")
     for line in logical.splitlines():
         if "=" in line and not line.startswith(("#", " ")):
-            key, _, value = line.partition("=")
+            key, _unused, value = line.partition("=")
             values.setdefault(key, []).append(value)
     return values
 
