@@ -49,6 +49,7 @@ lint: venv collections
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check --quiet . || { echo "ruff format: files need formatting (run: $(BIN)/ruff format .)"; exit 1; }
 	@$(BIN)/ansible-lint --profile production --offline -q
+	@BIN=$(BIN) tools/lint_pipelines.sh
 	@MYPYPATH=collections $(BIN)/mypy --config-file mypy.ini --no-error-summary -p ansible_collections.sglang_ops.fleet.plugins
 	@$(BIN)/mypy --config-file client/pyproject.toml --no-error-summary client/src
 	@$(BIN)/mypy --config-file ops/pyproject.toml --no-error-summary ops/src

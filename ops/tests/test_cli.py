@@ -41,8 +41,11 @@ def test_each_commands_help_lists_its_exit_statuses(command: str, capsys: pytest
     [(["plan", "--json"], "plan_events", "hosts"), (["drift", "--json"], "plan_events", "drift")],
     ids=["plan", "drift"],
 )
-def test_json_is_all_of_stdout(rec: Any, project: Path, argv: list[str], fixture: str, key: str) -> None:
-    code, out, err = run_cli(rec, project, argv, rec.run_of(rec.events(fixture)))
+def test_json_is_all_of_stdout(
+    rec: Any, project: Path, tmp_path: Path, argv: list[str], fixture: str, key: str
+) -> None:
+    out_dir = ["--out", str(tmp_path / "out")] if argv[0] == "plan" else []
+    code, out, err = run_cli(rec, project, [*argv, *out_dir], rec.run_of(rec.events(fixture)))
     assert code == 2, err
     data = json.loads(out)
     assert key in data
