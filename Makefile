@@ -12,7 +12,7 @@ export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-SCENARIOS   ?= default server server_lxc retune fleet gitops monitoring advisor generation
+SCENARIOS   ?= default server server_lxc retune fleet monitoring advisor generation
 PYTEST_ARGS ?=
 
 .PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
