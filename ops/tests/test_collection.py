@@ -71,7 +71,10 @@ def test_the_installed_collection_of_the_same_version_passes(fleet_repo: Path, t
 def test_no_collection_installed_says_how_to_install_it(fleet_repo: Path) -> None:
     code, out, err = run(["plan", "-i", "inventory"])
     assert code == 1 and out == ""
-    assert err.startswith("error: the collection sglang_ops.fleet is not installed where ansible looks")
+    assert err.startswith(
+        "error: the collection sglang_ops.fleet is not installed where ansible looks "
+        "(ansible-galaxy collection list finds no sglang_ops.fleet); install the collection"
+    )
     assert "ansible-galaxy collection install sglang_ops-fleet-*.tar.gz" in err
     # Nothing was run, nothing written.
     assert not (fleet_repo / ".sglang-fleet-ops").exists()

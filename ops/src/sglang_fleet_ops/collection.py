@@ -64,8 +64,10 @@ def installed_version(project: Path) -> tuple[str | None, str]:
         entry = collections.get(COLLECTION) if isinstance(collections, dict) else None
         if isinstance(entry, dict) and entry.get("version"):
             return str(entry["version"]), str(Path(path) / COLLECTION.replace(".", "/"))
+    if done.returncode == 0 and isinstance(found, dict):
+        return None, f"ansible-galaxy collection list finds no {COLLECTION}"
     said = " ".join((done.stderr or done.stdout).split())
-    return None, said or f"ansible-galaxy collection list found no {COLLECTION}"
+    return None, f"ansible-galaxy collection list failed: {said or f'exit {done.returncode}'}"
 
 
 def collection_problem(project: Path) -> str | None:
