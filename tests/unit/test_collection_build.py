@@ -9,6 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from sglang_fleet_ops import advise, cli
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -43,3 +45,7 @@ def test_collection_artifact_is_clean(tmp_path: Path) -> None:
     ):
         assert needed in names, needed
     assert not any(n.startswith("playbooks/demo") for n in names)
+    # Every playbook sglang-fleet-ops runs by FQCN is in the artifact.
+    for fqcn in (cli.RETUNE_PLAYBOOK, cli.STATUS_PLAYBOOK, advise.ADVISE_PLAYBOOK):
+        namespace, name, playbook = fqcn.split(".")
+        assert f"{namespace}.{name}" == "sglang_ops.fleet" and f"playbooks/{playbook}.yml" in names, fqcn
