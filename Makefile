@@ -12,7 +12,7 @@ export CONTAINERS_CONF := $(abspath tools/testhost/containers.conf)
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-SCENARIOS   ?= default server server_lxc retune fleet gitops monitoring advisor generation
+SCENARIOS   ?= default server server_lxc retune fleet monitoring advisor generation
 # Scenarios run at once by make molecule (tools/molecule.sh).
 MOLECULE_JOBS ?= 1
 PYTEST_ARGS ?=
@@ -51,6 +51,7 @@ lint: venv collections
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check --quiet . || { echo "ruff format: files need formatting (run: $(BIN)/ruff format .)"; exit 1; }
 	@$(BIN)/ansible-lint --profile production --offline -q
+	@BIN=$(BIN) tools/lint_pipelines.sh
 	@MYPYPATH=collections $(BIN)/mypy --config-file mypy.ini --no-error-summary -p ansible_collections.sglang_ops.fleet.plugins
 	@$(BIN)/mypy --config-file client/pyproject.toml --no-error-summary client/src
 	@$(BIN)/mypy --config-file ops/pyproject.toml --no-error-summary ops/src

@@ -59,6 +59,17 @@ class FakeRunner:
         return run
 
 
+@pytest.fixture(autouse=True)
+def collection_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main checks the installed collection first (tests/test_collection.py tests the check);
+    the tests that replay recorded runs stand for a fleet repository where it is installed."""
+    from sglang_fleet_ops import cli  # noqa: PLC0415
+
+    defaults = cli.main.__defaults__
+    assert defaults is not None
+    monkeypatch.setattr(cli.main, "__defaults__", (*defaults[:-1], lambda project: None))
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     path = tmp_path / "project"

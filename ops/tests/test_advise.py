@@ -88,7 +88,7 @@ def test_advise_prints_the_report_and_keeps_it(rec: Any, project: Path, tmp_path
     )
     assert code == 0
     (request,) = runner.requests
-    assert request.playbook == "playbooks/advise.yml" and not request.check and request.progress
+    assert request.playbook == "sglang_ops.fleet.advise" and not request.check and request.progress
     assert request.extravars == {
         "sglang_advise_window": 120.0,
         "sglang_advise_prometheus_url": "http://prom:9090",
@@ -110,10 +110,15 @@ def test_advise_prints_the_report_and_keeps_it(rec: Any, project: Path, tmp_path
 
 
 def test_advise_json(rec: Any, project: Path) -> None:
-    code, out, _, runner = run_cli(rec, project, ["advise", "--json"], advise_events())
-    assert code == 0 and runner.requests[0].extravars == {}
-    *body, _last = out.splitlines()
-    assert json.loads("\n".join(body))["diagnoses"] == {"mamba-bound": 2}
+    code, out, err, runner = run_cli(rec, project, ["advise", "--json"], advise_events())
+    # The patch goes into the run dir (never beside the installed collection's playbook).
+    (run_dir,) = (project / ".sglang-fleet-ops" / "runs").iterdir()
+    assert code == 0 and runner.requests[0].extravars == {
+        "sglang_advise_output": str(run_dir / "sglang-fleet-advice.yml")
+    }
+    # stdout is the JSON alone; the artifacts line is on stderr.
+    assert json.loads(out)["diagnoses"] == {"mamba-bound": 2}
+    assert err.splitlines()[-1] == f"artifacts: {run_dir}"
 
 
 def test_advise_without_a_report_is_an_error(rec: Any, project: Path) -> None:
@@ -127,7 +132,7 @@ def test_advise_without_a_report_is_an_error(rec: Any, project: Path) -> None:
 
 
 def test_the_report_task_the_cli_reads_exists() -> None:
-    (play,) = yaml.safe_load((REPO / advise.ADVISE_PLAYBOOK).read_text())
+    (play,) = yaml.safe_load((REPO / "playbooks" / "advise.yml").read_text())
     assert play["name"] == PLAY
     names = {t["name"]: t for t in play["tasks"]}
     assert advise.ADVISE in names[advise.REPORT_TASK] and advise.ADVISE in names[advise.OBSERVE_TASK]

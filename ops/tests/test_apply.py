@@ -43,7 +43,7 @@ def test_apply_with_a_current_plan_runs_under_the_fleet_lock_and_exits_0(
     assert code == 0, err
     check, apply = runner.requests
     assert (check.check, check.ident) == (True, "check")
-    assert (apply.check, apply.playbook) == (False, "retune.yml")
+    assert (apply.check, apply.playbook) == (False, "sglang_ops.fleet.retune")
     assert apply.extravars == {"sglang_retune_fleet_lock": True, "sglang_retune_lock_wait": 120}
     result = summary(out)
     assert result["exit"] == 0 and result["problems"] == []
@@ -90,7 +90,7 @@ def test_apply_refuses_when_the_plan_now_has_errors(rec: Any, project: Path, tmp
     plan = saved_plan(rec, tmp_path)
     code, _, err, runner = run_cli(rec, project, ["apply", "--plan", str(plan)], rec.run_of([], rc=4))
     assert code == 1 and len(runner.requests) == 1
-    assert "the run reached no host" in err
+    assert "error: ansible-playbook sglang_ops.fleet.retune ended with rc 4 before any task" in err
 
 
 def test_a_second_apply_fails_with_4_naming_the_holder(rec: Any, project: Path) -> None:

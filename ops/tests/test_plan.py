@@ -38,7 +38,7 @@ def test_a_plan_with_changes_exits_2_and_writes_plan_json_and_md(rec: Any, proje
     )
     assert code == 2, err
     (request,) = runner.requests
-    assert request.playbook == "retune.yml" and request.check and request.extravars == {}
+    assert request.playbook == "sglang_ops.fleet.retune" and request.check and request.extravars == {}
     assert runner.calls[0]["inventory"] == "inv/prod"
     plan = json.loads((out_dir / "plan.json").read_text())
     run_dir = Path(out.splitlines()[-1].removeprefix("artifacts: "))
@@ -216,7 +216,7 @@ def test_drift_names_each_instance_and_exits_2(rec: Any, project: Path) -> None:
     )
     code, out, err, runner = run_cli(rec, project, ["drift"], rec.run_of(evts))
     assert code == 2, err
-    assert runner.requests[0].check and runner.requests[0].playbook == "retune.yml"
+    assert runner.requests[0].check and runner.requests[0].playbook == "sglang_ops.fleet.retune"
     run_dir = Path(out.splitlines()[-1].removeprefix("artifacts: "))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["drift"] == [

@@ -32,10 +32,10 @@ def test_status_json_per_instance_and_client(rec: Any, project: Path) -> None:
         rec, project, ["status", "--json"], rec.run_of(rec.events("status_events"), ident="status")
     )
     assert code == 2, err  # gpu1 runs other settings than the inventory's
-    assert runner.requests[0].playbook == "playbooks/status.yml" and not runner.requests[0].check
-    *body, last = out.splitlines()
-    assert last.startswith("artifacts: ")
-    status = json.loads("\n".join(body))
+    assert runner.requests[0].playbook == "sglang_ops.fleet.status" and not runner.requests[0].check
+    # stdout is the JSON alone (json.loads of all of it); the artifacts line is on stderr.
+    status = json.loads(out)
+    assert err.splitlines()[-1].startswith("artifacts: ")
     gpu0, gpu1 = status["hosts"]["gpu-a"]["instances"]
     assert (gpu0["running"], gpu0["main_pid"], gpu0["uptime_s"], gpu0["health"]) == (True, 4101, 93784, 200)
     assert gpu0["serves_desired"] and gpu0["installed_is_desired"] and gpu0["ok"]

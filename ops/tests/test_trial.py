@@ -195,11 +195,11 @@ def test_the_cli_runs_the_trial_and_prints_json(project: Path, monkeypatch: pyte
     argv = ["advise", "--trial", "--json", "--settle", "0", "--window", "60", "--project-dir", str(project)]
     code = cli.main(argv, runner=runner, out=out, err=err)
     assert code == 0, err.getvalue()
-    printed = json.loads(out.getvalue().split("\nartifacts: ")[0])
+    printed = json.loads(out.getvalue())
     assert printed["decision"] == "kept" and printed["gain"] == pytest.approx(3.0)
     assert [(s[0], s[1]) for s in seen] == [
-        (None, "playbooks/advise.yml"),
-        ("b200-node", "retune.yml"),
-        ("b200-node", "playbooks/advise.yml"),
+        (None, "sglang_ops.fleet.advise"),
+        ("b200-node", "sglang_ops.fleet.retune"),
+        ("b200-node", "sglang_ops.fleet.advise"),
     ]
     assert seen[1][2]["sglang_retune_only"] == ["gpu0"] and seen[0][2]["sglang_advise_window"] == 60.0

@@ -8,7 +8,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from cli_tools import cli
+from cli_tools import cli as tool
+from sglang_fleet_ops import advise, cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def tarfile_dir(members: dict[str, tarfile.TarInfo], name: str) -> bool:
 
 
 def test_collection_artifact_is_clean(tmp_path: Path) -> None:
-    galaxy = cli("ansible-galaxy")
+    galaxy = tool("ansible-galaxy")
     subprocess.run(
         [str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
         check=True,
@@ -58,3 +59,7 @@ def test_collection_artifact_is_clean(tmp_path: Path) -> None:
     ):
         assert needed in names, needed
     assert not any(n.startswith("playbooks/demo") for n in names)
+    # Every playbook sglang-fleet-ops runs by FQCN is in the artifact.
+    for fqcn in (cli.RETUNE_PLAYBOOK, cli.STATUS_PLAYBOOK, advise.ADVISE_PLAYBOOK):
+        namespace, name, playbook = fqcn.split(".")
+        assert f"{namespace}.{name}" == "sglang_ops.fleet" and f"playbooks/{playbook}.yml" in names, fqcn

@@ -82,6 +82,8 @@ def invocations(scripts: dict[str, list[str]]) -> list[tuple[str, str, dict[str,
                     continue
                 words = shlex.split(line.split("sglang-fleet-ops ", 1)[1].split("|", 1)[0].split("2>&1", 1)[0])
                 command, rest = words[0], words[1:]
+                if command == "--version":  # the install's check that it runs
+                    continue
                 if command in ("plan", "apply", "drift", "status"):
                     assert command in INTERFACE
                 else:  # a mention in prose (an echo): not an invocation
@@ -215,3 +217,74 @@ def test_both_pipelines_and_the_execution_environment_pin_one_ref() -> None:
     ee = load(REPO / "execution-environment.yml")
     refs.add(ee["dependencies"]["galaxy"]["collections"][0]["version"])
     assert len(refs) == 1, refs
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipelines a maintainer copies as they are
+
+
+USES = re.compile(r"^\s*-?\s*uses:\s*(?P<action>[\w.-]+/[\w.-]+)@(?P<ref>\S+)(?:\s+#\s*(?P<tag>\S+))?\s*$")
+# The first major of each action that runs on Node 24 (Node 20 is retired on GitHub's runners).
+NODE24 = {"actions/checkout": 5, "actions/upload-artifact": 5, "actions/setup-python": 6}
+
+
+def uses_lines() -> list[re.Match[str]]:
+    lines = [line for path in (GITHUB, GITHUB_ACTION) for line in path.read_text().splitlines() if "uses:" in line]
+    remote = [line for line in lines if "uses: ./" not in line]
+    matches = [USES.match(line) for line in remote]
+    assert all(matches), remote
+    return [m for m in matches if m]
+
+
+def test_actions_are_pinned_by_commit_with_their_tag_on_node24() -> None:
+    found = uses_lines()
+    assert {m["action"] for m in found} == set(NODE24)
+    for m in found:
+        assert re.fullmatch(r"[0-9a-f]{40}", m["ref"]), m.group(0)
+        assert m["tag"] and re.fullmatch(r"v\d+\.\d+\.\d+", m["tag"]), m.group(0)
+        assert int(m["tag"][1:].split(".")[0]) >= NODE24[m["action"]], m.group(0)
+
+
+def test_every_job_has_a_time_limit_and_no_checkout_keeps_credentials() -> None:
+    jobs = load(GITHUB)["jobs"]
+    for name, job in jobs.items():
+        assert isinstance(job.get("timeout-minutes"), int), name
+        checkouts = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+        assert len(checkouts) == 1 and checkouts[0]["with"]["persist-credentials"] is False, name
+    for name, job in gitlab_jobs().items():
+        extends = gitlab_jobs().get(job.get("extends", ""), {})
+        assert job.get("timeout") or extends.get("timeout"), name
+
+
+def test_gitlab_plan_is_interruptible_and_the_image_pinned_by_digest() -> None:
+    jobs = gitlab_jobs()
+    assert jobs["plan"]["interruptible"] is True
+    assert jobs["apply"]["interruptible"] is False
+    assert re.fullmatch(r"python:[\w.-]+@sha256:[0-9a-f]{64}", jobs[".sglang-fleet"]["image"])
+
+
+def test_zizmor_offline_passes_and_refuses_an_unpinned_action(tmp_path: Path) -> None:
+    """make lint's audit (tools/lint_pipelines.sh) on the pipelines, then on a copy whose checkout
+    is unpinned and keeps its credentials: the audit really applies."""
+    zizmor = Path(sys.executable).parent / "zizmor"
+    if not zizmor.is_file():
+        pytest.skip("zizmor is not installed (make venv installs it)")
+    config = CI / "zizmor.yml"
+    good = subprocess.run(
+        [str(zizmor), "--offline", "--config", str(config), str(GITHUB), str(GITHUB_ACTION)],
+        capture_output=True,
+        text=True,
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    broken = tmp_path / GITHUB.name
+    text = GITHUB.read_text()
+    text = re.sub(
+        r"actions/checkout@[0-9a-f]{40} # \S+\n\s+with:\n\s+persist-credentials: false", "actions/checkout@v4", text
+    )
+    assert "actions/checkout@v4" in text
+    broken.write_text(text)
+    bad = subprocess.run(
+        [str(zizmor), "--offline", "--config", str(config), str(broken)], capture_output=True, text=True
+    )
+    assert bad.returncode != 0
+    assert "unpinned-uses" in bad.stdout + bad.stderr and "artipacked" in bad.stdout + bad.stderr

@@ -1,5 +1,5 @@
 """One version: galaxy.yml's is the changelog's latest release (antsibull-changelog,
-changelogs/changelog.yaml) and the controller CLI's package version (ops/pyproject.toml)."""
+changelogs/changelog.yaml) and the controller CLI's package version (ops/setup.py reads galaxy.yml)."""
 
 from __future__ import annotations
 
@@ -23,5 +23,9 @@ def test_galaxy_version_is_the_latest_release_of_the_changelog() -> None:
 
 
 def test_the_controller_cli_has_the_collection_version() -> None:
+    """ops/setup.py gives the package galaxy.yml's version when it is built; the installed CLI says it."""
+    from sglang_fleet_ops.collection import own_version  # noqa: PLC0415
+
     project = tomllib.loads((REPO / "ops/pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert project["version"] == galaxy_version()
+    assert project["dynamic"] == ["version"] and "version" not in project
+    assert own_version() == galaxy_version()

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .collection import playbook
 from .events import VALIDATE, by_host
 from .runner import Run
 
-ADVISE_PLAYBOOK = "playbooks/advise.yml"
+ADVISE_PLAYBOOK = playbook("advise")
 ADVISE = "sglang_ops.fleet.advise"
 REPORT_TASK = "Write the fleet report and the inventory patch (on the controller)"
 OBSERVE_TASK = "Observe and diagnose the instances of the host"

@@ -1,11 +1,11 @@
 """sglang-fleet-ops: plan, apply, drift, status and tuning advice of an sglang-fleet, as data.
 
-Exit statuses: 0 nothing to do / done / all good; 2 changes pending (plan), drift found (drift),
-an instance not running its desired settings healthy, or a client's endpoint stalled (status); 1 error;
-3 apply refused: the saved plan is stale (its inventory or fleet fingerprint differs from now); 4 apply refused: another
-run holds the fleet lock. advise: 0 advice produced, 1 error. Every command writes ``summary.json``
-and ``summary.md`` in its run dir and prints ``artifacts: <run dir>`` as its last line. A reader of
-stdout that goes away (``... | head``) drops the rest of the output, said once on stderr; the command
+It runs the playbooks of the installed collection sglang_ops.fleet by FQCN from the fleet
+repository (the working directory, or --project-dir), which keeps each run's artifacts in
+``.sglang-fleet-ops/runs/``. Every command writes ``summary.json`` and ``summary.md`` in its run
+dir and prints ``artifacts: <run dir>`` as its last line (on stderr with --json, whose stdout is
+only the JSON). Exit statuses: each command's --help. A reader of stdout
+that goes away (``... | head``) drops the rest of the output, said once on stderr; the command
 still ends and exits with its own status.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -22,40 +23,91 @@ from . import advise as advise_mod
 from . import apply as apply_mod
 from . import trial as trial_mod
 from .closedpipe import ReaderGoneGuard
+from .collection import COLLECTION, collection_problem, own_version, playbook
+from .events import RETUNE
 from .plan import build_plan, drift, plan_exit, plan_markdown
 from .runner import Request, Run, Runner, new_run_dir, run_playbook
 from .status import build_status, status_exit, status_table
 
 OK, ERROR, CHANGES, STALE, LOCKED = 0, 1, 2, 3, 4
-RETUNE_PLAYBOOK = "retune.yml"
-STATUS_PLAYBOOK = "playbooks/status.yml"
+RETUNE_PLAYBOOK = playbook("retune")
+STATUS_PLAYBOOK = playbook("status")
+PROGRAM = "sglang-fleet-ops"
+
+# Each command's exit statuses, as its --help shows them.
+EXITS: dict[str, dict[int, str]] = {
+    "plan": {
+        OK: "nothing to do",
+        CHANGES: "changes pending (an instance to relaunch or start, or a unit file to update)",
+        ERROR: "an error (a validation problem, a blocked or failed instance, an unreachable host; ansible's error)",
+    },
+    "apply": {
+        OK: "every instance unchanged, relaunched or started, and proven",
+        ERROR: "an instance failed, rolled back or skipped; a host with no result; ansible's error",
+        STALE: "refused, nothing touched: the saved plan is stale (the inventory or the fleet changed)",
+        LOCKED: "refused, nothing touched: another run holds the fleet lock (named)",
+    },
+    "drift": {OK: "no drift", CHANGES: "drift (the instances named)", ERROR: "an error"},
+    "status": {
+        OK: "every instance running, healthy, serving its desired settings",
+        CHANGES: "an instance is not, or a generation client's endpoint stalled",
+        ERROR: "an error",
+    },
+    "advise": {
+        OK: "advice produced (hosts without evidence listed as problems); --trial: kept or reverted",
+        ERROR: "no report; --trial: the trial failed or the canary could not be put back",
+    },
+}
+
+
+def exits_epilog(command: str) -> str:
+    return "exit statuses:\n" + "".join(f"  {code}  {what}\n" for code, what in sorted(EXITS[command].items()))
+
+
+class PlaybookError(Exception):
+    """ansible-playbook ended before any task: its own error lines."""
+
+    def __init__(self, playbook_name: str, rc: int, lines: list[str]) -> None:
+        self.lines = lines or [f"ansible-playbook {playbook_name} ended with rc {rc} before any task (no error line)"]
+        super().__init__("; ".join(self.lines))
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-fleet-ops", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--version", action="version", version=f"{PROGRAM} {own_version()} (drives the collection {COLLECTION})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=exits_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("-i", "--inventory", help="inventory (default: the one the project's ansible.cfg names)")
         p.add_argument("-l", "--limit", help="limit to these hosts (an Ansible host pattern)")
         p.add_argument(
-            "--project-dir", type=Path, default=None, help="the repository with retune.yml (default: this one)"
+            "--project-dir",
+            type=Path,
+            default=None,
+            help="the fleet repository: its ansible.cfg, and where runs are kept (default: the working directory)",
         )
+        return p
 
-    p = sub.add_parser("plan", help="what retune.yml would change (check mode): plan.json, plan.md")
-    common(p)
+    p = command("plan", f"what {RETUNE_PLAYBOOK} would change (check mode): plan.json, plan.md")
     p.add_argument("--out", type=Path, default=Path("."), help="where plan.json and plan.md go too (default: .)")
-    p = sub.add_parser("apply", help="run retune.yml under the fleet lock; with --plan, only if it is still current")
-    common(p)
+    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout (nothing else there)")
+    p = command("apply", f"run {RETUNE_PLAYBOOK} under the fleet lock; with --plan, only if it is still current")
     p.add_argument("--plan", type=Path, help="a plan.json: refuse (exit 3) if the inventory or the fleet changed")
     p.add_argument("--lock-wait", type=int, default=0, help="seconds to wait for another run's fleet lock")
-    p = sub.add_parser("drift", help="instances running other settings than the inventory's, or down")
-    common(p)
-    p = sub.add_parser("status", help="per instance and generation client: state, load, progress")
-    common(p)
-    p.add_argument("--json", action="store_true", help="JSON instead of a table")
-    p = sub.add_parser("advise", help="what limits each instance's throughput, and the change to make (read-only)")
-    common(p)
+    p = command("drift", "instances running other settings than the inventory's, or down")
+    p.add_argument("--json", action="store_true", help="the drift and its plan as JSON on stdout (nothing else there)")
+    p = command("status", "per instance and generation client: state, load, progress")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table (nothing else on stdout)")
+    p = command("advise", "what limits each instance's throughput, and the change to make (read-only)")
     p.add_argument("--window", type=float, help="seconds to observe (default: the playbook's, 300)")
     p.add_argument("--interval", type=float, help="seconds between metrics samples (default: 5)")
     p.add_argument("--prometheus", help="Prometheus base URL: read the window from it instead of sampling")
@@ -89,15 +141,6 @@ def _parser() -> argparse.ArgumentParser:
         help="--trial: seconds between the canary's relaunch and the measuring window (default 60)",
     )
     return parser
-
-
-def default_project() -> Path:
-    """The repository this package lives in (ops/src/sglang_fleet_ops/cli.py), else the current dir."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / RETUNE_PLAYBOOK).is_file() and (parent / "galaxy.yml").is_file():
-            return parent
-    return Path.cwd()
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -135,23 +178,41 @@ class Command:
         self.runner = runner
         self.out = out
         self.err = err
-        self.project = (args.project_dir or default_project()).resolve()
+        self.project = (args.project_dir or Path.cwd()).resolve()
         self.run_dir = new_run_dir(self.project, args.command)
         self.runs: list[Run] = []
+        # --json: stdout is the JSON only; the text and the artifacts line go to stderr.
+        self.json = bool(getattr(args, "json", False))
 
     def run(self, request: Request, limit: str | None = None) -> Run:
-        """One playbook run, limited to ``limit`` (hosts; default: the command's --limit)."""
+        """One playbook run, limited to ``limit`` (hosts; default: the command's --limit). A run that
+        ended before any task (ansible could not start it) raises PlaybookError with ansible's lines."""
         limit = self.args.limit if limit is None else limit
         result = self.runner(self.run_dir, self.project, self.args.inventory, limit, request)
         self.runs.append(result)
+        if result.rc != 0 and not result.reached_a_task():
+            raise PlaybookError(request.playbook, result.rc, result.error_lines())
         return result
 
-    def finish(self, code: int, summary: dict[str, Any], markdown: str) -> int:
+    def text(self, text: str) -> None:
+        """What a person reads: stdout, or stderr under --json."""
+        print(text, end="", file=self.err if self.json else self.out)
+
+    def finish(self, code: int, summary: dict[str, Any], markdown: str, data: Any = None) -> int:
+        """Write summary.json and summary.md; print ``data`` (default: the summary) under --json,
+        and the artifacts line."""
         summary = {"command": self.args.command, "exit": code, **summary, "runs": _runs(self.runs, self.run_dir)}
         write_json(self.run_dir / "summary.json", summary)
         write_text(self.run_dir / "summary.md", markdown)
-        print(f"artifacts: {self.run_dir}", file=self.out)
+        if self.json:
+            print(json.dumps(summary if data is None else data, indent=2, default=str), file=self.out)
+        print(f"artifacts: {self.run_dir}", file=self.err if self.json else self.out)
         return code
+
+    def patch_out(self) -> Path:
+        """Where the advise playbook writes the inventory patch: --out, else the run dir (never
+        beside the installed collection's playbook)."""
+        return Path(self.args.out) if self.args.out is not None else self.run_dir / "sglang-fleet-advice.yml"
 
     def problems(self, problems: Sequence[str]) -> None:
         for problem in problems:
@@ -159,19 +220,20 @@ class Command:
 
 
 def cmd_plan(c: Command) -> int:
-    plan = build_plan(c.run(Request(RETUNE_PLAYBOOK, "plan", check=True)))
+    plan = build_plan(c.run(Request(RETUNE_PLAYBOOK, "plan", check=True, progress=True, done_action=RETUNE)))
     code = plan_exit(plan)
     markdown = plan_markdown(plan)
     for where in {c.run_dir, c.args.out.resolve()}:
         write_json(where / "plan.json", plan)
         write_text(where / "plan.md", markdown)
     c.problems(plan["problems"])
-    print(markdown, end="", file=c.out)
-    return c.finish(code, {"plan": "plan.json", "changes": plan["changes"], "problems": plan["problems"]}, markdown)
+    c.text(markdown)
+    summary = {"plan": "plan.json", "changes": plan["changes"], "problems": plan["problems"]}
+    return c.finish(code, summary, markdown, data=plan)
 
 
 def cmd_drift(c: Command) -> int:
-    plan = build_plan(c.run(Request(RETUNE_PLAYBOOK, "drift", check=True)))
+    plan = build_plan(c.run(Request(RETUNE_PLAYBOOK, "drift", check=True, progress=True, done_action=RETUNE)))
     found = drift(plan)
     code = ERROR if plan["problems"] else (CHANGES if found else OK)
     write_json(c.run_dir / "plan.json", plan)
@@ -182,8 +244,9 @@ def cmd_drift(c: Command) -> int:
         lines += ["", "### Problems", ""] + [f"- {p}" for p in plan["problems"]]
     markdown = "\n".join(lines) + "\n"
     c.problems(plan["problems"])
-    print(markdown, end="", file=c.out)
-    return c.finish(code, {"drift": found, "problems": plan["problems"], "plan": "plan.json"}, markdown)
+    c.text(markdown)
+    summary = {"drift": found, "problems": plan["problems"], "plan": "plan.json"}
+    return c.finish(code, summary, markdown, data={**summary, "plan": plan})
 
 
 def cmd_apply(c: Command) -> int:
@@ -196,7 +259,7 @@ def cmd_apply(c: Command) -> int:
             msg = f"cannot read the plan {c.args.plan}: {exc}"
             c.problems([msg])
             return c.finish(ERROR, {"problems": [msg]}, f"## Apply: refused\n\n- {msg}\n")
-        fresh = build_plan(c.run(Request(RETUNE_PLAYBOOK, "check", check=True)))
+        fresh = build_plan(c.run(Request(RETUNE_PLAYBOOK, "check", check=True, progress=True, done_action=RETUNE)))
         write_json(c.run_dir / "plan.json", fresh)
         write_text(c.run_dir / "plan.md", plan_markdown(fresh, "Plan now"))
         if fresh["problems"]:
@@ -215,7 +278,7 @@ def cmd_apply(c: Command) -> int:
             md = "## Apply: refused, the plan is stale; nothing was touched\n\n" + "".join(f"- {m}\n" for m in msgs)
             return c.finish(STALE, {"problems": msgs, "stale": stale, "touched": False}, md)
     extravars = {"sglang_retune_fleet_lock": True, "sglang_retune_lock_wait": max(int(c.args.lock_wait), 0)}
-    run = c.run(Request(RETUNE_PLAYBOOK, "apply", extravars=extravars, progress=True))
+    run = c.run(Request(RETUNE_PLAYBOOK, "apply", extravars=extravars, progress=True, done_action=RETUNE))
     conflicts = apply_mod.lock_conflicts(run)
     if conflicts:
         msgs = [f"the fleet lock is held, nothing was touched: {m}" for m in conflicts]
@@ -232,36 +295,35 @@ def cmd_apply(c: Command) -> int:
     code = ERROR if outcome["problems"] else OK
     markdown = apply_mod.outcome_markdown(outcome)
     c.problems(outcome["problems"])
-    print(markdown, end="", file=c.out)
+    c.text(markdown)
     return c.finish(code, outcome, markdown)
 
 
 def cmd_status(c: Command) -> int:
-    status = build_status(c.run(Request(STATUS_PLAYBOOK, "status")))
+    status = build_status(c.run(Request(STATUS_PLAYBOOK, "status", progress=True, done_action=RETUNE)))
     code = status_exit(status)
     table = status_table(status)
-    print(
-        json.dumps(status, indent=2, default=str) if c.args.json else table, end="\n" if c.args.json else "", file=c.out
-    )
+    if not c.json:
+        c.text(table)
     c.problems(status["problems"])
-    return c.finish(code, status, "## Status\n\n```\n" + table + "```\n")
+    return c.finish(code, status, "## Status\n\n```\n" + table + "```\n", data=status)
 
 
 def cmd_advise(c: Command) -> int:
     if c.args.trial:
         return cmd_trial(c)
-    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.args.out)
-    request = Request(advise_mod.ADVISE_PLAYBOOK, "advise", extravars=extravars, progress=True)
+    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.patch_out())
+    request = Request(
+        advise_mod.ADVISE_PLAYBOOK, "advise", extravars=extravars, progress=True, done_action=advise_mod.ADVISE
+    )
     advice = advise_mod.build_advice(c.run(request))
     code = advise_mod.advise_exit(advice)
     if advice["report"] is not None:
         write_json(c.run_dir / "advice.json", advice["report"])
     if advice["patch_yaml"]:
         write_text(c.run_dir / "sglang-fleet-advice.yml", advice["patch_yaml"])
-    if c.args.json:
-        print(json.dumps(advice["report"], indent=2, default=str), file=c.out)
-    else:
-        print(advice["text"], end="", file=c.out)
+    if not c.json:
+        c.text(advice["text"])
     c.problems(advice["problems"])
     markdown = "## Advice\n\n```\n" + advice["text"] + "```\n"
     if advice["problems"]:
@@ -272,25 +334,28 @@ def cmd_advise(c: Command) -> int:
         "diagnoses": (advice["report"] or {}).get("diagnoses"),
         "problems": advice["problems"],
     }
-    return c.finish(code, summary, markdown)
+    return c.finish(code, summary, markdown, data=advice["report"])
 
 
 def cmd_trial(c: Command) -> int:
     """advise --trial: the proposal of one group on one canary, kept or put back (trial.py)."""
-    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.args.out)
+    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.patch_out())
     count = {"advise": 0}
 
     def advise_run(limit: str | None, window: float | None) -> dict[str, Any]:
         count["advise"] += 1
         ident = "advise" if count["advise"] == 1 else "trial-observe"
-        request = Request(advise_mod.ADVISE_PLAYBOOK, ident, extravars=dict(extravars), progress=True)
+        request = Request(
+            advise_mod.ADVISE_PLAYBOOK, ident, extravars=dict(extravars), progress=True, done_action=advise_mod.ADVISE
+        )
         advice = advise_mod.build_advice(c.run(request, limit))
         if advice["report"] is not None:
             write_json(c.run_dir / f"{ident}.json", advice["report"])
         return advice
 
     def retune_run(limit: str, extra: dict[str, Any], ident: str) -> dict[str, Any]:
-        outcome = apply_mod.build_outcome(c.run(Request(RETUNE_PLAYBOOK, ident, extravars=extra, progress=True), limit))
+        request = Request(RETUNE_PLAYBOOK, ident, extravars=extra, progress=True, done_action=RETUNE)
+        outcome = apply_mod.build_outcome(c.run(request, limit))
         write_json(c.run_dir / f"{ident}.json", outcome)
         return outcome
 
@@ -305,9 +370,8 @@ def cmd_trial(c: Command) -> int:
     )
     write_json(c.run_dir / "trial.json", trial)
     text = trial_mod.trial_text(trial)
-    print(
-        json.dumps(trial, indent=2, default=str) if c.args.json else text, end="\n" if c.args.json else "", file=c.out
-    )
+    if not c.json:
+        c.text(text)
     c.problems(trial["problems"])
     code = trial_mod.trial_exit(trial)
     summary = {
@@ -316,7 +380,7 @@ def cmd_trial(c: Command) -> int:
         "gain": trial["gain"],
         "problems": trial["problems"],
     }
-    return c.finish(code, summary, "## Trial\n\n```\n" + text + "```\n")
+    return c.finish(code, summary, "## Trial\n\n```\n" + text + "```\n", data=trial)
 
 
 COMMANDS = {"plan": cmd_plan, "apply": cmd_apply, "drift": cmd_drift, "status": cmd_status, "advise": cmd_advise}
@@ -327,26 +391,50 @@ def main(
     runner: Runner = run_playbook,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    check_collection: Callable[[Path], str | None] = collection_problem,
 ) -> int:
+    """The CLI. ``check_collection`` says why the installed collection cannot be driven (None: it can)."""
     args = _parser().parse_args(argv)
-    err = err or sys.stderr
+    err_stream: TextIO = err or sys.stderr
     # A reader of stdout that goes away (`... | head`) costs the rest of the output, never the
     # command's artifacts or its exit status.
-    guard = ReaderGoneGuard(out or sys.stdout, err, "sglang-fleet-ops")
-    out = cast(TextIO, guard)
+    out_stream = cast(TextIO, ReaderGoneGuard(out or sys.stdout, err_stream, "sglang-fleet-ops"))
     try:
-        command = Command(args, runner, out, err)
+        return _main(args, runner, out_stream, err_stream, check_collection)
+    finally:
+        # Flushed here, where a reader that went is caught, not by the interpreter at exit.
+        out_stream.flush()
+        err_stream.flush()
+
+
+def _main(
+    args: argparse.Namespace,
+    runner: Runner,
+    out_stream: TextIO,
+    err_stream: TextIO,
+    check_collection: Callable[[Path], str | None],
+) -> int:
+    problem = check_collection((args.project_dir or Path.cwd()).resolve())
+    if problem is not None:
+        # Nothing was run and nothing is written: the project may be the wrong directory.
+        print(f"error: {problem}", file=err_stream)
+        return ERROR
+    try:
+        command = Command(args, runner, out_stream, err_stream)
     except OSError as exc:
-        print(f"error: cannot make the run dir: {exc}", file=err)
+        print(f"error: cannot make the run dir: {exc}", file=err_stream)
         return ERROR
     try:
         return COMMANDS[args.command](command)
+    except PlaybookError as exc:
+        for line in exc.lines:
+            print(f"error: {line}", file=err_stream)
+        md = f"## {args.command}: ansible-playbook ended before any task\n\n" + "".join(f"- {x}\n" for x in exc.lines)
+        return command.finish(ERROR, {"problems": exc.lines}, md)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {exc}"
-        print(f"error: {msg}", file=err)
+        print(f"error: {msg}", file=err_stream)
         return command.finish(ERROR, {"problems": [msg]}, f"## {args.command}: error\n\n- {msg}\n")
-    finally:
-        guard.flush()
 
 
 if __name__ == "__main__":
