@@ -95,7 +95,7 @@ def test_a_job_not_on_its_event_does_not_run(tmp_path: Path) -> None:
     code, job = steps.github_job(CI / "github" / "sglang-fleet.yml", "plan", tmp_path, context)
     assert code == steps.NOT_RUN and job.steps == []
     context = {"event": "merge_request_event", "temp": str(tmp_path / "t")}
-    code, _ = steps.gitlab_job(CI / "gitlab" / ".gitlab-ci.yml", "drift", tmp_path, context)
+    code, _unused = steps.gitlab_job(CI / "gitlab" / ".gitlab-ci.yml", "drift", tmp_path, context)
     assert code == steps.NOT_RUN
 
 
@@ -162,7 +162,7 @@ def test_a_github_job_runs_its_steps_in_order(tmp_path: Path, capsys: pytest.Cap
     code, job = steps.github_job(tmp_path / "wf.yml", "one", work, context)
     out = capsys.readouterr().out
     assert code == steps.FAILED and job.status == "failure"
-    assert [(n, rc) for n, rc in job.steps] == [
+    assert list(job.steps) == [
         ("actions/checkout", 0),
         ("Write env, path and an output", 0),
         ("Skipped on the output", None),
@@ -227,7 +227,7 @@ def test_a_gitlab_job_is_one_session_with_extends_and_rules(tmp_path: Path, caps
         "file_variables": ["KEY_FILE"],
         "temp": str(tmp_path / "t"),
     }
-    code, _ = steps.gitlab_job(tmp_path / "ci.yml", "job", work, context)
+    code, _unused = steps.gitlab_job(tmp_path / "ci.yml", "job", work, context)
     out = capsys.readouterr().out
     assert code == steps.RAN, out
     assert "hello mr 4 from job" in out

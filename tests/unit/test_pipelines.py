@@ -274,6 +274,7 @@ def test_zizmor_offline_passes_and_refuses_an_unpinned_action(tmp_path: Path) ->
         [str(zizmor), "--offline", "--config", str(config), str(GITHUB), str(GITHUB_ACTION)],
         capture_output=True,
         text=True,
+        check=False,
     )
     assert good.returncode == 0, good.stdout + good.stderr
     broken = tmp_path / GITHUB.name
@@ -284,7 +285,7 @@ def test_zizmor_offline_passes_and_refuses_an_unpinned_action(tmp_path: Path) ->
     assert "actions/checkout@v4" in text
     broken.write_text(text)
     bad = subprocess.run(
-        [str(zizmor), "--offline", "--config", str(config), str(broken)], capture_output=True, text=True
+        [str(zizmor), "--offline", "--config", str(config), str(broken)], capture_output=True, text=True, check=False
     )
     assert bad.returncode != 0
     assert "unpinned-uses" in bad.stdout + bad.stderr and "artipacked" in bad.stdout + bad.stderr

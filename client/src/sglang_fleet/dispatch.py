@@ -228,7 +228,7 @@ class Dispatcher:
         probe_timeout = timeout if timeout is not None else self.cfg.stall_min_s
         if not ep.stall(reason, lambda: self._generation_probe(ep, probe_timeout)):
             return
-        tasks = [t for t, (e, _) in self.inflight.items() if e is ep]
+        tasks = [t for t, (e, _unused) in self.inflight.items() if e is ep]
         for t in tasks:
             self.inflight[t][1].abandoned = True
             t.cancel()

@@ -74,7 +74,7 @@ def test_every_fact_names_its_file_and_line(version: str) -> None:
     sources += [c["source"] for c in raw["constraints"]]
     assert sources
     for source in sources:
-        path, _, line = source.rpartition(":")
+        path, _unused, line = source.rpartition(":")
         assert path.startswith("sglang/srt/") and path.endswith(".py") and int(line) > 0, source
 
 

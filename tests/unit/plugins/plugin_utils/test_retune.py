@@ -518,7 +518,7 @@ def test_a_wedged_instance_to_change_is_relaunched_in_its_wave_with_its_siblings
     out = run(host, insts, wave_size=0)
     assert not out.get("failed"), out["msg"]
     assert [r["action"] for r in out["instances"]] == ["relaunched"] * 4
-    assert [op for op, _ in host.ops()] == ["inspect"] + ["stop", "release", "start"] * 2
+    assert [op for op, _unused in host.ops()] == ["inspect"] + ["stop", "release", "start"] * 2
     assert "gpu2" in host.ops()[4][1]
     gpu2 = out["instances"][2]
     assert gpu2["reasons"][0].startswith("wedged: /health did not answer within 30s")
@@ -530,7 +530,7 @@ def test_a_wedged_instance_to_change_is_relaunched_in_its_wave_with_its_siblings
     assert out["msg"] == "4 relaunched; " + out["wedged"][0]
     assert [r["wedged"] for r in out["instances"] if r["name"] != "gpu2"] == [[], [], []]
     # The agent stops the wedged one without waiting for a drain; the others get the drain deadline.
-    stops = [payload for op, _, payload in host.calls if op == "stop"]
+    stops = [payload for op, _unused, payload in host.calls if op == "stop"]
     assert {n: p["wedged"] for stop in stops for n, p in stop.items()} == {
         "gpu0": False,
         "gpu1": False,
@@ -541,7 +541,7 @@ def test_a_wedged_instance_to_change_is_relaunched_in_its_wave_with_its_siblings
 
 def test_a_wedged_instance_with_the_desired_settings_is_named_and_untouched() -> None:
     """Its settings are already the desired ones: the host fails naming it, nothing is stopped."""
-    insts, _ = four()
+    insts, _unused = four()
     inspected = {f"gpu{i}": facts(f"gpu{i}", argv=ARGV_NEW, mamba=200) for i in range(4)}
     inspected["gpu2"] = wedged("gpu2", argv=ARGV_NEW, argv_matches=True)
     host = Host(inspected)
@@ -569,7 +569,7 @@ def test_a_wedged_instance_with_the_desired_settings_is_relaunched_when_asked(op
     inst = instance("gpu0", 30000)
     host = Host({"gpu0": wedged("gpu0", argv=ARGV_NEW, argv_matches=True)})
     out = run(host, [inst], **{option: True})
-    assert [op for op, _ in host.ops()] == ["inspect", "stop", "release", "start"]
+    assert [op for op, _unused in host.ops()] == ["inspect", "stop", "release", "start"]
     assert not out.get("failed") and out["instances"][0]["action"] == "relaunched"
     assert f"relaunched as asked (sglang_retune_{option})" in " ".join(out["instances"][0]["reasons"])
 
