@@ -16,18 +16,21 @@
 #   importer        galaxy-importer (what Galaxy runs on an upload) on the tarball, in its own venv
 #
 # Usage: tools/collection_checks.sh [CHECK ...]   (default: sanity-tarball sanity-repo docs importer)
-# Environment: VENV (default .venv), IMPORTER_VENV (default .cache/importer-venv), WORK (scratch
+# Environment: VENV (default .venv), IMPORTER_VENV (default $SGLANG_FLEET_CACHE/importer-venv), WORK (scratch
 # directory, default: a new temporary one, removed at the end).
 #
 # ansible-test builds a virtual environment per sanity test and bootstraps pip into it with a
 # script it downloads from ci-files.testing.ansible.com; tools/sanity/get_pip.py stands in for that
 # script (pip from ensurepip, the rest from the package index). Those environments are kept under
-# .cache/ansible-test-home (HOME for ansible-test), so only the first run installs them.
+# $SGLANG_FLEET_CACHE/ansible-test-home (HOME for ansible-test; the machine's cache, like the test-host
+# image, so a fresh clone reuses them), so only the first run on a machine installs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 venv=$(cd "${VENV:-.venv}" && pwd)
-importer_venv=${IMPORTER_VENV:-.cache/importer-venv}
+cache=${SGLANG_FLEET_CACHE:-$HOME/.cache/sglang-fleet}
+mkdir -p "$cache"
+importer_venv=$(realpath -m "${IMPORTER_VENV:-$cache/importer-venv}")
 python_version=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 checks=("$@")
 [ ${#checks[@]} -gt 0 ] || checks=(sanity-tarball sanity-repo docs importer)
@@ -45,7 +48,7 @@ installed=$work/installed/ansible_collections/sglang_ops/fleet
 export ANSIBLE_CONFIG=$work/ansible.cfg
 # ansible-test's state and its sanity venvs; pip's own cache stays where it was.
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cache/pip}
-export HOME=$root/.cache/ansible-test-home
+export HOME=$cache/ansible-test-home
 export PATH=$venv/bin:$PATH
 bootstrap_pip=$("$venv/bin/python" -c 'from ansible_test._internal.python_requirements import get_venv_packages
 from ansible_test._internal.host_configs import NativePythonConfig
@@ -115,17 +118,21 @@ run_check() {  # CHECK
       ;;
     importer)
       build_and_install
-      if [ ! -f "$importer_venv/.installed" ] || [ requirements/importer.txt -nt "$importer_venv/.installed" ]; then
+      # Installed once per content of requirements/importer.txt (a fresh clone's file is newer).
+      local wanted
+      wanted=$(sha256sum requirements/importer.txt | cut -c1-16)
+      if [ "$(cat "$importer_venv/.installed" 2>/dev/null)" != "$wanted" ]; then
+        rm -rf "$importer_venv"
         python3 -m venv "$importer_venv"
         "$importer_venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements/importer.txt
-        touch "$importer_venv/.installed"
+        echo "$wanted" >"$importer_venv/.installed"
       fi
       # Galaxy's checks, offline (tools/sanity/galaxy-importer.cfg); its ansible-lint is the
       # importer venv's.
       local log=$work/importer.log
       # From the scratch directory: the importer writes importer_result.json where it runs.
-      (cd "$work" && GALAXY_IMPORTER_CONFIG=$root/tools/sanity/galaxy-importer.cfg PATH=$root/$importer_venv/bin:$PATH \
-        "$root/$importer_venv/bin/python" -m galaxy_importer.main "$(ls "$work"/dist/sglang_ops-fleet-*.tar.gz)") \
+      (cd "$work" && GALAXY_IMPORTER_CONFIG=$root/tools/sanity/galaxy-importer.cfg PATH=$importer_venv/bin:$PATH \
+        "$importer_venv/bin/python" -m galaxy_importer.main "$(ls "$work"/dist/sglang_ops-fleet-*.tar.gz)") \
         >"$log" 2>&1 || { cat "$log"; return 1; }
       # The importer reports problems of the content as ERROR or WARNING lines and still ends 0.
       # One warning is said of any collection with an ignore file, whatever its entries (each of
