@@ -41,7 +41,12 @@ for stage in "${failed[@]+"${failed[@]}"}"; do
     grep -E '^(FAILED|ERROR) ' <<<"$last" | cut -c1-400 | head -n "$tail_lines"
     grep -E '(passed|failed|errors?)( in |, )' <<<"$last" | tail -n 1
   elif [ "$stage" = molecule ] && plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log") && grep -qE '(fatal|failed): \[' <<<"$plain"; then
-    # The scenario that failed, the last failure Ansible printed and Molecule's verdict.
+    # The scenario that failed (tools/molecule.sh prints each whole, and marks the failed), the
+    # last failure Ansible printed in it and Molecule's verdict.
+    bad=$(sed -n 's/^--- molecule scenario \([a-z_]*\): [0-9]*s FAILED$/\1/p' <<<"$plain" | head -n 1)
+    if [ -n "$bad" ]; then
+      plain=$(awk -v s="$bad" '$0 == "--- molecule scenario: " s {on = 1} on {print} on && index($0, "--- molecule scenario " s ": ") == 1 {exit}' <<<"$plain")
+    fi
     grep -E '^--- molecule scenario: ' <<<"$plain" | tail -n 1
     awk -v n="$tail_lines" '/(fatal|failed): \[/ {buf = ""; left = n} left > 0 {buf = buf $0 "\n"; left--} END {printf "%s", buf}' <<<"$plain" | cut -c1-400
     grep -E '^ERROR ' <<<"$plain" | tail -n 2 | cut -c1-400
@@ -61,8 +66,10 @@ for r in "${results[@]}"; do
   echo "stage $r"
   # Each Molecule scenario's wall time (make molecule prints one line per scenario).
   if [[ "$r" == molecule* ]]; then
-    sed -n 's/^--- molecule scenario \([a-z_]*\): \([0-9]*\)s$/\1 \2/p' "$log_dir/molecule.log" \
-      | while read -r name secs; do printf '  scenario %-12s %4dm%02ds\n' "$name" $((secs / 60)) $((secs % 60)); done
+    sed -n 's/^--- molecule scenario \([a-z_]*\): \([0-9]*\)s\( FAILED\)\{0,1\}$/\1 \2\3/p' "$log_dir/molecule.log" \
+      | while read -r name secs failed; do
+          printf '  scenario %-12s %4dm%02ds %s\n' "$name" $((secs / 60)) $((secs % 60)) "$failed"
+        done
   fi
 done
 printf 'stage %-10s %-7s %4dm%02ds\n' total "$([ $status = 0 ] && echo ok || echo FAILED)" $((total / 60)) $((total % 60))
