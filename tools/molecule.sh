@@ -13,6 +13,8 @@ log_dir=${MOLECULE_LOG_DIR:-.cache/stages/molecule}
 mkdir -p "$log_dir"
 lock="$log_dir/.print.lock"
 
+# run_one runs in the shells xargs starts (exported below), hence SC2317 and the single quotes of SC2016.
+# shellcheck disable=SC2317
 run_one() {
   local name=$1 log="$log_dir/$1.log" t0 rc
   t0=$(date +%s)
@@ -40,5 +42,6 @@ fi
 export -f run_one
 export molecule log_dir lock
 failed=0
+# shellcheck disable=SC2016
 printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one "$1"' _ {} || failed=1
 exit "$failed"
