@@ -99,6 +99,19 @@ def test_a_job_not_on_its_event_does_not_run(tmp_path: Path) -> None:
     assert code == steps.NOT_RUN
 
 
+def test_the_trial_schedule_runs_propose_and_the_other_runs_drift(tmp_path: Path) -> None:
+    workflow = CI / "github" / "sglang-fleet.yml"
+    crons = [c["cron"] for c in yaml.safe_load(workflow.read_text())["on"]["schedule"]]
+    drift_cron, trial_cron = crons
+    for cron, job in ((trial_cron, "drift"), (drift_cron, "propose")):
+        context = {"event": "schedule", "schedule": cron, "temp": str(tmp_path / "t")}
+        assert steps.github_job(workflow, job, tmp_path, context)[0] == steps.NOT_RUN, (cron, job)
+    gitlab = CI / "gitlab" / ".gitlab-ci.yml"
+    for env, job in (({"SGLANG_FLEET_SCHEDULE": "propose"}, "drift"), ({}, "propose")):
+        context = {"event": "schedule", "env": env, "temp": str(tmp_path / "t")}
+        assert steps.gitlab_job(gitlab, job, tmp_path, context)[0] == steps.NOT_RUN, (env, job)
+
+
 TINY_WORKFLOW = """
 on: push
 env:
