@@ -281,3 +281,10 @@ def test_the_trial_proposal_refuses_before_the_canary_is_touched(tmp_path: Path)
         proposer.before_touch(
             {"patch": {"host_vars": {"b200-node": VARIABLES[("host_vars", "b200-node")]}}}, {"group": GROUP}
         )
+
+
+def test_the_evidence_names_the_pictures_the_trial_has() -> None:
+    rows = dict(proposal.evidence_rows({**TRIAL, "picture": "advice/b200-node.png"}))
+    assert rows["picture 1"] == "`advice/b200-node.png`"
+    rows = dict(proposal.evidence_rows({**TRIAL, "pictures": {"before": "a.png", "after": "b.png"}}))
+    assert rows["picture before"] == "`a.png`" and rows["picture after"] == "`b.png`"

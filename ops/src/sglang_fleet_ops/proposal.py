@@ -157,8 +157,11 @@ def evidence_rows(trial: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(("effective max running requests", f"{before_max} -> {after_max}"))
     for key, value in (trial.get("predicted") or {}).items():
         rows.append((f"predicted {key.replace('_', ' ')}", str(value)))
-    pictures = trial.get("pictures") or {}
-    for key, value in pictures.items() if isinstance(pictures, Mapping) else enumerate(pictures):
+    # Pictures of the trial (a path, a list of paths or paths by name), where it has some.
+    pictures = trial.get("pictures") or trial.get("picture") or {}
+    if isinstance(pictures, str):
+        pictures = [pictures]
+    for key, value in pictures.items() if isinstance(pictures, Mapping) else enumerate(pictures, 1):
         rows.append((f"picture {key}", f"`{value}`"))
     return rows
 
