@@ -288,3 +288,21 @@ def test_the_evidence_names_the_pictures_the_trial_has() -> None:
     assert rows["picture 1"] == "`advice/b200-node.png`"
     rows = dict(proposal.evidence_rows({**TRIAL, "pictures": {"before": "a.png", "after": "b.png"}}))
     assert rows["picture before"] == "`a.png`" and rows["picture after"] == "`b.png`"
+
+
+def test_the_platform_needs_its_variables_before_anything_is_pushed() -> None:
+    with pytest.raises(proposal.ProposalError, match="CI_API_V4_URL and CI_PROJECT_ID"):
+        proposing.platform_from_env("gitlab", None, {"SGLANG_FLEET_GITLAB_PROPOSE_TOKEN": TOKEN})
+    with pytest.raises(proposal.ProposalError, match="GITHUB_REPOSITORY"):
+        proposing.platform_from_env("github", None, {"GITHUB_TOKEN": TOKEN})
+    github = proposing.platform_from_env("github", None, {"GITHUB_TOKEN": TOKEN, "GITHUB_REPOSITORY": "o/r"})
+    assert isinstance(github, proposal.GitHub) and github.api_url == "https://api.github.com"
+    assert TOKEN not in repr(github)
+
+
+def test_the_inventory_is_the_one_ansible_cfg_names(tmp_path: Path) -> None:
+    assert proposing.inventory_path(tmp_path, "inventory/prod") == tmp_path / "inventory/prod"
+    with pytest.raises(TrialError, match="name the inventory with -i"):
+        proposing.inventory_path(tmp_path, None)
+    (tmp_path / "ansible.cfg").write_text("[defaults]\ninventory = inventory/prod/hosts.yml\n")
+    assert proposing.inventory_path(tmp_path, None) == tmp_path / "inventory/prod/hosts.yml"
