@@ -36,13 +36,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import (
     Evidence,
     current_settings,
     running_drift,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_search import ProposalSearch, client_proposal
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.search import ProposalSearch, client_proposal
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     CLIENT_BOUND,
     COMPUTE_BOUND,
     DIAGNOSES,
@@ -58,15 +58,15 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types imp
     step_tokens,
     yaml_scalar,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats, window_stats
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats, window_stats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import (
     FactsResult,
     derive_model_facts,
     internal_state,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import release_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import CapacityPlan, plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import release_facts
 
 # The advisor's names, for its callers (the action plugin, the tests).
 __all__ = [

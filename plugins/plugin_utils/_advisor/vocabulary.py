@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
 
 MAMBA_BOUND = "mamba-bound"
 KV_BOUND = "kv-bound"
