@@ -156,7 +156,7 @@ class StandIn(BaseHTTPRequestHandler):
 def stand_in() -> Iterator[str]:
     StandIn.answers, StandIn.seen = [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
