@@ -315,3 +315,10 @@ def test_an_uncommitted_inventory_is_refused_before_the_canary_is_touched(
     assert "--propose: the inventory inventory/prod has uncommitted changes" in err and "nothing was touched" in err
     assert playbooks == ["advise"]  # no retune.yml
     assert found["proposed"] is False and branches(fleet) == ["main"]
+
+
+def test_propose_without_trial_is_refused_before_anything_runs(fleet: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["advise", "--propose", "--project-dir", str(fleet)]
+    code = cli.main(argv, runner=None, out=out, err=err, check_collection=lambda p: None)  # type: ignore[arg-type]
+    assert code == 1 and "--propose proposes a kept trial: give --trial too" in err.getvalue()

@@ -338,6 +338,10 @@ def cmd_status(c: Command) -> int:
 def cmd_advise(c: Command) -> int:
     if c.args.trial:
         return cmd_trial(c)
+    if c.args.propose:
+        msg = "--propose proposes a kept trial: give --trial too; nothing was run"
+        c.problems([msg])
+        return c.finish(ERROR, {"problems": [msg]}, f"## Advise: refused\n\n- {msg}\n")
     extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.patch_out())
     request = Request(
         advise_mod.ADVISE_PLAYBOOK, "advise", extravars=extravars, progress=True, done_action=advise_mod.ADVISE
