@@ -314,7 +314,8 @@ def test_an_uncommitted_inventory_is_refused_before_the_canary_is_touched(
     assert code == 1
     assert "--propose: the inventory inventory/prod has uncommitted changes" in err and "nothing was touched" in err
     assert playbooks == ["advise"]  # no retune.yml
-    assert found["proposed"] is False and branches(fleet) == ["main"]
+    assert found["proposed"] is False and found["why"].startswith("the trial failed: --propose: the inventory")
+    assert branches(fleet) == ["main"]
 
 
 def test_propose_without_trial_is_refused_before_anything_runs(fleet: Path) -> None:

@@ -206,4 +206,5 @@ def not_proposed_why(trial: Mapping[str, Any]) -> str:
     if decision == "reverted" and trial.get("gain") is not None:
         return f"the trial was reverted: gain x{float(trial['gain']):.2f} < x{threshold:.2f}; nothing to propose"
     problems = "; ".join(str(p) for p in trial.get("problems") or []) or "no reason given"
-    return f"the trial was {decision}: {problems}; nothing to propose"
+    what = "the trial failed" if decision == "failed" else f"the trial was {decision}"
+    return f"{what}: {problems}; nothing to propose"
