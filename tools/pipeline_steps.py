@@ -52,6 +52,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,7 +327,9 @@ def github_job(path: Path, job_name: str, workspace: Path, context: dict[str, An
             job.steps.append((name, None))
             continue
         print(f"::: step {name}", flush=True)
+        t0 = time.monotonic()
         rc = github_step(step, lookup, {**contexts, **runner_context}, files, workspace, temp, tools, mask, job)
+        print(f"::: step {name}: {time.monotonic() - t0:.1f}s", flush=True)
         job.steps.append((name, rc))
         if rc != 0:
             job.status = "failure"
@@ -486,7 +489,9 @@ def gitlab_job(path: Path, name: str, workspace: Path, context: dict[str, Any]) 
     env = base_env(context, temp, tools)
     env.update(variables)
     print(f"::: job {name}", flush=True)
+    t0 = time.monotonic()
     rc = run_shell(GITLAB_SHELL, gitlab_script(job_def), env, workspace, Masker(secrets), job)
+    print(f"::: job {name}: {time.monotonic() - t0:.1f}s", flush=True)
     job.steps.append((name, rc))
     dest = temp / "artifacts" / name
     dest.mkdir(parents=True, exist_ok=True)
