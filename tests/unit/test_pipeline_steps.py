@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -192,6 +193,10 @@ def test_a_github_job_runs_its_steps_in_order(tmp_path: Path, capsys: pytest.Cap
     assert "said=hello from o/fleet, token ***" in out and "sekrit-value" not in out
     assert "tool ran" in out and "later=set-by-env-file" in out and "never" not in out
     assert job.outputs["first"] == {"fetched": "true"}
+    # Each step that ran says how long it took; a skipped one does not.
+    for name in ("actions/checkout", "Write env, path and an output", "Use them, then fail", "Always"):
+        assert re.search(rf"^::: step {re.escape(name)}: \d+\.\ds$", out, re.M), name
+    assert "::: step Skipped on the output" not in out
     assert (tmp_path / "t" / "artifacts" / "kept" / "out.txt").read_text() == "kept"
 
 
@@ -250,6 +255,7 @@ def test_a_gitlab_job_is_one_session_with_extends_and_rules(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert code == steps.RAN, out
     assert "hello mr 4 from job" in out
+    assert re.search(r"^::: job job: \d+\.\ds$", out, re.M)
     # A File variable is its file's path (its content read through it); a masked one its value.
     assert "key file ***, password ***" in out
     assert (tmp_path / "t" / "artifacts" / "job" / "kept.txt").read_text() == "kept\n"
