@@ -32,9 +32,11 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     cgroups = {i["name"]: units[i["unit"]].get("ControlGroup", "") for i in instances}
     cgroups.update({f"other:{u}": s.get("ControlGroup", "") for u, s in others.items()})
     holders, holder_notes = collect_holders(host, instances, cgroups)
-    # Check mode: the startup lines of each running instance's current run (the model facts the
-    # controller predicts the capacity after a retune from), read as the observe operation does.
-    read_journal = bool(req.get("startup_journal"))
+    # The startup lines of a running instance's current run (the model facts the controller
+    # predicts the capacity after a retune from, and refuses unfit settings by), read as the observe
+    # operation does: "all" (check mode) every running instance's, "changed" (a real run) only
+    # those whose command line or environment differ from the desired ones; else none.
+    read_journal = req.get("startup_journal")
     stall_probe_s = float(req.get("stall_probe_s", DEFAULTS["stall_probe_s"]))
     pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
 
@@ -60,7 +62,7 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
             if facts["server_info_status"] == 200 and not facts["unanswered"]:
                 # It answers: is it still producing? (A stalled instance is unhealthy, as a wedged one.)
                 facts.update(probe_stall(host, inst, stall_probe_s))
-            if read_journal:
+            if wants_journal(read_journal, facts):
                 lines, source, error = startup_journal(host, ident["invocation_id"], inst["unit"], pattern)
                 facts.update(journal=lines, journal_source=source)
                 if error:
@@ -88,6 +90,13 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
         "gpu_error": gpu_error,
         "holder_notes": holder_notes,
     }
+
+
+def wants_journal(request: Any, facts: dict[str, Any]) -> bool:
+    """Whether the inspect phase reads a running instance's startup journal (see op_inspect)."""
+    if request == "changed":
+        return not facts.get("argv_matches") or bool(facts.get("env_mismatches"))
+    return request is True or request == "all"
 
 
 def gpu_snapshot(host: Host) -> tuple[dict[int, dict[str, Any]] | None, dict[str, Any] | None]:

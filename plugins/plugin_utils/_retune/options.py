@@ -160,6 +160,18 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     _opt(
+        # The prediction is SGLang's own arithmetic over the instance's own startup lines; an
+        # operator who knows better (a GPU shared differently after the relaunch) may still ask.
+        "ignore_fit_prediction",
+        "bool",
+        RETUNE,
+        "Relaunch an instance even when the fit pre-flight predicts that SGLang would refuse its new settings at "
+        "start (from its startup journal and SGLang's memory arithmetic); without it such an instance fails before "
+        "anything is stopped and nothing on its host is touched. A prediction missing for lack of evidence never "
+        "refuses.",
+        default=False,
+    ),
+    _opt(
         "nvidia_smi",
         "str",
         AGENT,
@@ -319,6 +331,7 @@ class Options:
     rollback: bool = default("rollback")
     force: bool = default("force")
     relaunch_wedged: bool = default("relaunch_wedged")
+    ignore_fit_prediction: bool = default("ignore_fit_prediction")
     client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
     client_drain: bool = default("client_drain")
     client_drain_timeout: float = default("client_drain_timeout")

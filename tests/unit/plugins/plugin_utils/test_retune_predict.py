@@ -86,7 +86,7 @@ def test_check_mode_predicts_the_b200_retune_as_the_simulator_would_start_it() -
     assert before.max_running == 16
     _j, _i, after, _u = simulate({k: v for k, v in NEW.items() if k != "mem_fraction_static"}, 0.93)
     result, host = check(running_facts(journal, info), NEW)
-    assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] is True
+    assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] == "all"
     assert result["action"] == "would_relaunch"
     assert result["effective_max_running_requests_before"] == 16
     assert result["predicted_effective_max_running_requests"] == after.max_running == 52
@@ -137,11 +137,3 @@ def test_settings_that_would_not_start_say_unfit() -> None:
     )
     assert result["prediction_missing"] == "unfit"
     assert result["prediction"]["why"].startswith("would not fit")
-
-
-def test_a_real_run_reads_no_journal_in_its_inspect_phase() -> None:
-    journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
-    facts = running_facts(journal, info)
-    host = Host(facts)
-    Retune([instance(NEW)], Options(client_units=[], canary=False), host, check_mode=False)._phase("inspect", ["gpu0"])
-    assert "startup_journal" not in host.options[0][1]

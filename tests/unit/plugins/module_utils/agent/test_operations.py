@@ -453,6 +453,32 @@ def test_inspect_in_check_mode_reads_the_startup_journal_as_observe_does(tmp_pat
     assert asked[0][:2] == ("inv-1", UNIT) and "Mamba Cache is allocated" in asked[0][2]
 
 
+def test_a_real_run_reads_the_startup_journal_only_of_instances_whose_settings_change(tmp_path: Path) -> None:
+    """Outside check mode the retune asks for the journal of the instances it may relaunch with new
+    settings (the fit pre-flight): an unchanged instance costs no journal read; a command line or
+    an environment that differs does."""
+    host = FakeHost(tmp_path)
+    asked: list[str] = []
+
+    def startup_journal(invocation_id: str, unit: str, pattern: str) -> list[str]:
+        asked.append(invocation_id)
+        return ["Load weight end. elapsed=2.00 s, avail mem=100.00 GB, mem usage=50.00 GB."]
+
+    host.startup_journal = startup_journal  # type: ignore[attr-defined]
+    host.serving(100, "inv-1", {"max_running_requests": 48})
+    install_desired(host, "f1")
+    same = ops.run({"op": "inspect", "instances": [instance()], "startup_journal": "changed"}, host)["instances"]
+    assert "journal" not in same["gpu0"] and asked == []
+    flags = instance(argv=[*ARGV, "--max-running-requests", "64"])
+    changed = ops.run({"op": "inspect", "instances": [flags], "startup_journal": "changed"}, host)["instances"]
+    assert changed["gpu0"]["journal"] and asked == ["inv-1"]
+    env = instance(env={"CUDA_VISIBLE_DEVICES": "0", "SGLANG_X": "1"})
+    ops.run({"op": "inspect", "instances": [env], "startup_journal": "changed"}, host)
+    assert asked == ["inv-1", "inv-1"]
+    ops.run({"op": "inspect", "instances": [instance()], "startup_journal": "all"}, host)
+    assert asked == ["inv-1", "inv-1", "inv-1"]
+
+
 def _recording_clients(host: Any) -> list[tuple[str, dict[str, Any]]]:
     calls: list[tuple[str, dict[str, Any]]] = []
 
