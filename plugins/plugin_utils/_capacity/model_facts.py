@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, ModelFacts, at_least
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import nearest_release_facts
 
 _NUM = r"(\d+(?:\.\d+)?)"
 LOAD_WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
@@ -152,21 +153,41 @@ def parse_mamba_cap_warning(line: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+@dataclass(frozen=True)
+class DraftLines:
+    """Where the draft model's own startup lines are, by release: the vendored release facts
+    (:mod:`._releases.facts`, read from each release's source). ``lines``: the kinds of line
+    (``log_lines`` keys: ``load_weight_begin``, ``load_weight_end``, ``kv_cache``) the draft's own
+    model runner writes too, after the target's line of the same kind; ``before_target_pools``:
+    whether it is loaded before the target's pools are sized (its weights and its KV layer then
+    count in the target's sizing) or after them (its lines are left out)."""
+
+    lines: frozenset[str] = frozenset()
+    before_target_pools: bool = False
+
+    @classmethod
+    def of(cls, release: str) -> DraftLines:
+        """The draft's lines of ``release`` (the nearest release read at or below it); none for a
+        release the facts do not know."""
+        facts = nearest_release_facts(release)
+        if facts is None:
+            return cls()
+        return cls(frozenset(facts.draft_log_lines), facts.draft_before_target_pools)
+
+
 @dataclass
 class StartupLines:
     """The startup lines of one run of an instance (a unit's journal for one invocation holds one
     start), the target model's first.
 
-    With speculative decoding (MTP/EAGLE) the draft model has its own model runner and its own
-    lines (the golden journals in tests/unit/fixtures/journals). From 0.5.14 it loads before the
-    target's pools are sized: its weight lines come before the pools, and its one-layer KV pool
-    logs a second ``KV Cache is allocated`` line with the same ``#tokens`` right after the
-    target's; the target's pool was sized with the draft's layer in each token's cell (0.5.23
-    ``model_executor/pool_configurator.py:258-273``). On 0.5.9 it loads after the target's pools
-    and CUDA graphs: its lines come after a new ``Load weight begin``, and the target's pools were
-    sized without it. So the weights are every ``Load weight end`` before the first pool, the KV
-    cell every KV line of the same ``#tokens`` before the next ``Load weight begin``, and the memory
-    before the weights comes from the first ``Load weight`` line (the target's).
+    With speculative decoding (MTP/EAGLE) the draft model has its own model runner and writes its
+    own lines of the kinds the release's facts name (:class:`DraftLines`; the golden journals in
+    tests/unit/fixtures/journals): the second line of such a kind is the draft's. Where the draft
+    is loaded before the target's pools are sized (0.5.14+), its weights count in the weights
+    before the pools and its one-layer KV pool, logged with the target's ``#tokens``, in each
+    token's cell (0.5.23 ``model_executor/pool_configurator.py:258-273``); where it is loaded
+    after them (0.5.9), its lines are left out: the target's pools were sized without it. The
+    memory before the weights comes from the first ``Load weight`` line (the target's).
     """
 
     load_weight_begin_gib: float | None = None
@@ -180,8 +201,10 @@ class StartupLines:
     weights_before_pools: list[LoadWeightEnd] = field(default_factory=list)
     # The KV lines sized together: the target's, and the draft's of the same #tokens on 0.5.14+.
     kv_sized_together: list[KVCacheLine] = field(default_factory=list)
-    # Lines of a later model runner (0.5.9's draft), left out of the facts.
+    # The draft's lines left out of the facts (loaded after the target's pools: 0.5.9).
     later_runner_lines: int = 0
+    # Lines of a kind already seen that neither the target nor the draft writes again.
+    unexplained_lines: int = 0
 
     def found(self) -> list[str]:
         names = {
@@ -206,40 +229,60 @@ class StartupLines:
         return sum(k.k_gib + k.v_gib for k in self.kv_sized_together)
 
 
-def parse_startup_lines(lines: Iterable[str]) -> StartupLines:
+def _whose(kind: str, seen: dict[str, int], draft: DraftLines) -> str:
+    """``target`` (the first line of its kind), ``draft`` (the second, of a kind the draft writes
+    too) or ``unexplained``; counts the line."""
+    count = seen.get(kind, 0)
+    seen[kind] = count + 1
+    if count == 0:
+        return "target"
+    return "draft" if count == 1 and kind in draft.lines else "unexplained"
+
+
+def parse_startup_lines(lines: Iterable[str], draft: DraftLines | None = None) -> StartupLines:
+    """The startup lines of one run; ``draft``: where the draft model's lines are (the release's
+    facts, :meth:`DraftLines.of`); without it every line is the target's first line of its kind."""
+    draft = draft or DraftLines()
     out = StartupLines()
-    pools_seen = False
-    later_runner = False  # a model runner started after the target's pools (0.5.9's draft)
+    seen: dict[str, int] = {}
+
+    def keep(kind: str) -> str | None:
+        """Whose line it is, or None when it is left out of the facts (counted)."""
+        whose = _whose(kind, seen, draft)
+        if whose == "unexplained":
+            out.unexplained_lines += 1
+            return None
+        if whose == "draft" and not draft.before_target_pools:
+            out.later_runner_lines += 1
+            return None
+        return whose
+
     for line in lines:
         begin = parse_load_weight_begin(line)
         if begin is not None:
-            if pools_seen:
-                later_runner = True
-            if out.load_weight_begin_gib is None:
+            if keep("load_weight_begin") == "target":
                 out.load_weight_begin_gib = begin
-            continue
-        if later_runner and (LOAD_WEIGHT_END.search(line) or MAMBA_CACHE.search(line) or KV_CACHE.search(line)):
-            out.later_runner_lines += 1
             continue
         end = parse_load_weight_end(line)
         if end is not None:
-            if out.load_weight_end is None:
+            whose = keep("load_weight_end")
+            if whose == "target":
                 out.load_weight_end = end
-            if not pools_seen:
+            if whose is not None:
                 out.weights_before_pools.append(end)
             continue
         mamba = parse_mamba_cache(line)
         if mamba is not None:
-            pools_seen = True
-            if out.mamba is None:
+            if keep("mamba_cache") == "target":
                 out.mamba = mamba
             continue
         kv = parse_kv_cache(line)
         if kv is not None:
-            pools_seen = True
-            if out.kv is None:
+            whose = keep("kv_cache")
+            if whose == "target":
                 out.kv = kv
-            if kv.tokens == out.kv.tokens:
+                out.kv_sized_together.append(kv)
+            elif whose == "draft" and out.kv is not None and kv.tokens == out.kv.tokens:
                 out.kv_sized_together.append(kv)
             continue
         for attr, parser in (("summary", parse_scheduler_summary), ("mamba_cap", parse_mamba_cap_warning)):
@@ -308,7 +351,7 @@ def derive_model_facts(
     ``sglang:context_len`` gauge if it was read. Without enough evidence for a fact, ``facts`` is
     None and ``problems`` says what is missing.
     """
-    lines = parse_startup_lines(journal_lines)
+    lines = parse_startup_lines(journal_lines, DraftLines.of(release))
     state = internal_state(server_info)
     raw_usage = state.get("memory_usage")
     usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
