@@ -30,16 +30,24 @@ def journal_request(check_mode: bool) -> str:
     return JOURNAL_ALL if check_mode else JOURNAL_CHANGED
 
 
+def container_gpus(inspected: Mapping[str, Any], instance: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The GPUs (nvidia-smi, by index) where ``instance`` runs: the retune_phase module returns each
+    agent's result but its instances under ``containers``, keyed ``host`` or the container's id."""
+    key = "host" if instance.get("container") is None else str(instance["container"])
+    found = ((inspected.get("containers") or {}).get(key) or {}).get("gpus")
+    return found if isinstance(found, Mapping) else {}
+
+
 def predictions(
     instances: Mapping[str, Mapping[str, Any]],
-    facts: Mapping[str, Mapping[str, Any]],
-    gpus: Mapping[str, Any],
+    inspected: Mapping[str, Any],
     decisions: Mapping[str, Decision],
     check_mode: bool,
 ) -> dict[str, dict[str, Any]]:
-    """The prediction of each instance to relaunch or start. Outside check mode only where the
-    inspect phase read the startup journal (settings that change): a relaunch with the running
-    settings (force, a wedged instance) starts as the instance did."""
+    """The prediction of each instance to relaunch or start, from the inspect phase's result. Outside
+    check mode only where the inspect phase read the startup journal (settings that change): a
+    relaunch with the running settings (force, a wedged instance) starts as the instance did."""
+    facts = inspected.get("instances") or {}
     out = {}
     for name, decision in decisions.items():
         if decision.action not in ("relaunch", "start"):
@@ -47,7 +55,7 @@ def predictions(
         seen = facts.get(name) or {}
         if not check_mode and "journal" not in seen and "journal_error" not in seen:
             continue
-        out[name] = predict_after(instances[name], seen, gpus)
+        out[name] = predict_after(instances[name], seen, container_gpus(inspected, instances[name]))
     return out
 
 

@@ -173,7 +173,7 @@ class Retune:
                 d.action, d.reasons = "relaunch", ["forced", *d.reasons]
                 decisions[n] = unless_evidence_broken(d, facts.get(n, {}))
         # Fit pre-flight: new settings SGLang would refuse at start block the host before any stop.
-        predicted = predictions(self.instances, facts, inspected.get("gpus") or {}, decisions, self.check_mode)
+        predicted = predictions(self.instances, inspected, decisions, self.check_mode)
         refuse_unfit(self.instances, facts, decisions, predicted, self.opts.ignore_fit_prediction)
         for name in self.order:
             self.results[name] = initial_result(

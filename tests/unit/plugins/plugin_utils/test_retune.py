@@ -988,7 +988,14 @@ def simulated_host(args: dict[str, dict[str, Any]], **more: dict[str, Any]) -> t
         insts.append({**instance(name, 30000 + i), "version": "0.5.23", "args": new, "gpus": [0]})
         seen[name] = facts(name, **{"journal": journal, "server_info": info, **more.get(name, {})})
     gpus = {"0": {"total_mib": B200, "used_mib": 158989}}
-    host = Host(seen, inspect=lambda names, _i, _o: {"instances": {n: seen[n] for n in names}, "gpus": gpus})
+    # As the retune_phase module returns it: each agent's GPUs under its container's key.
+    host = Host(
+        seen,
+        inspect=lambda names, _i, _o: {
+            "instances": {n: seen[n] for n in names},
+            "containers": {"host": {"gpus": gpus}},
+        },
+    )
     return insts, host
 
 

@@ -72,7 +72,9 @@ class Host:
     def __call__(self, op: str, instances: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
         self.options.append((op, dict(options)))
         assert op == "inspect", op
-        return {"instances": {"gpu0": self.facts}, "gpus": {"0": {"total_mib": B200, "used_mib": 158989}}}
+        # As the retune_phase module returns it: the agent's GPUs under its container's key.
+        gpus = {"0": {"total_mib": B200, "used_mib": 158989}}
+        return {"instances": {"gpu0": self.facts}, "containers": {"host": {"gpus": gpus}}}
 
 
 def check(facts: dict[str, Any], args: dict[str, Any], check_mode: bool = True) -> tuple[dict[str, Any], Host]:
