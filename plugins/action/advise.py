@@ -28,6 +28,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import p
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import report as _advice_report
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME, agent_options
 
 display = Display()
 
@@ -35,6 +36,8 @@ OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
 POLICY_KEYS = frozenset(_advisor.Policy.__dataclass_fields__)
 INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
 
+# The options it shares with the retune (nvidia_smi, nvidia_smi_timeout, http_timeout, pct) are
+# the retune's option table's; every other option the agent reads is sent with the table's default.
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "instances": {"type": "list", "elements": "dict"},
     "window": {"type": "float", "default": 300.0},
@@ -46,10 +49,10 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "prometheus_validate_certs": {"type": "bool", "default": True},
     "prometheus_username": {"type": "str"},
     "prometheus_password": {"type": "str", "no_log": True},
-    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
-    "nvidia_smi_timeout": {"type": "float", "default": 20.0},
-    "http_timeout": {"type": "float", "default": 30.0},
-    "pct": {"type": "str", "default": "pct"},
+    "nvidia_smi": BY_NAME["nvidia_smi"].spec(),
+    "nvidia_smi_timeout": BY_NAME["nvidia_smi_timeout"].spec(),
+    "http_timeout": BY_NAME["http_timeout"].spec(),
+    "pct": BY_NAME["pct"].spec(),
     "client_units": {"type": "list", "elements": "str", "default": []},
     "policy": {"type": "dict", "default": {}},
     "results": {"type": "dict"},
@@ -89,13 +92,11 @@ class ActionModule(ActionBase):
             module_args={
                 "instances": slim,
                 "options": {
+                    **agent_options(args),
                     "window": window,
                     "interval": interval,
                     "sample_metrics": not prometheus,
                     "journal_pattern": JOURNAL_PATTERN,
-                    "nvidia_smi": args["nvidia_smi"],
-                    "nvidia_smi_timeout": args["nvidia_smi_timeout"],
-                    "http_timeout": args["http_timeout"],
                     "client_units": list(args["client_units"]),
                 },
                 "pct": args["pct"],

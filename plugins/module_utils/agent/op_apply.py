@@ -13,6 +13,7 @@ from typing import Any
 
 from .evidence import EvidenceError, run_cmd
 from .host import Host
+from .request import need
 from .settings import process_evidence
 from .state import load_json, owner_ids, sha256, write_atomic
 from .systemd import identity, verify_unit_text
@@ -24,6 +25,7 @@ def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
     start instances that are not running. Never restarts a running instance: relaunching is
     the retune plugin's job, with its checks."""
     check = bool(req.get("check_mode"))
+    start_timeout = float(need(req, "start_timeout"))
     result: dict[str, Any] = {"changed": False, "files": [], "actions": [], "started": []}
     for name in keep_running_as_last_good(req, host, check):
         result["changed"] = True
@@ -104,7 +106,7 @@ def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
                 # (the unit's start guard still waits for free GPUs and port).
                 host.systemctl(["reset-failed", *to_start])
                 # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
-                res = host.systemctl(["start", *to_start], timeout=float(req.get("start_timeout", 3600)))
+                res = host.systemctl(["start", *to_start], timeout=start_timeout)
                 if res["rc"] != 0:
                     host.load_secrets()  # this run may just have written the secrets file
                     after = host.units(to_start)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .defaults import DEFAULTS
 from .evidence import EvidenceError
 from .host import Host
 from .op_inspect import collect_holders, describe
 from .procfs import in_cgroup
+from .request import need
 from .systemd import stopped
 
 
@@ -35,8 +35,9 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
     (SIGTERM, then SIGKILL); anything else in the way fails the instance closed."""
     instances = req["instances"]
     units = [i["unit"] for i in instances]
-    stop_timeout = float(req.get("stop_timeout", DEFAULTS["stop_timeout"]))
-    kill_timeout = float(req.get("kill_timeout", DEFAULTS["kill_timeout"]))
+    stop_timeout = float(need(req, "stop_timeout"))
+    kill_timeout = float(need(req, "kill_timeout"))
+    release_timeout = float(need(req, "release_timeout"))
     t0 = host.monotonic()
     before = host.units(units)
     # Every managed instance's cgroup, to tell "another instance's process" from "foreign".
@@ -111,7 +112,7 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
         holders, notes = collect_holders(host, instances, holder_cgroups)
     teardown_s = 0.0
     if any(_in_teardown(holders[i["name"]], sigkilled) for i in instances):
-        release_deadline = host.monotonic() + float(req.get("release_timeout", DEFAULTS["release_timeout"]))
+        release_deadline = host.monotonic() + release_timeout
 
         fresh = True  # the holders were just collected: sample again only after an interval
 
@@ -195,8 +196,8 @@ def op_release(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Poll per-GPU memory.used (correct inside containers too, unlike compute-app PIDs) until
     every GPU of the instances is at or below the threshold, or the deadline passes."""
     instances = req["instances"]
-    threshold = int(req.get("threshold_mib", DEFAULTS["threshold_mib"]))
-    timeout = float(req.get("release_timeout", DEFAULTS["release_timeout"]))
+    threshold = int(need(req, "threshold_mib"))
+    timeout = float(need(req, "release_timeout"))
     t0 = host.monotonic()
     pending = {i["name"]: list(i["gpus"]) for i in instances}
     out: dict[str, Any] = {i["name"]: {"released": False, "samples": 0} for i in instances}

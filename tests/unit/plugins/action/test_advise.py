@@ -133,6 +133,12 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
         "nvidia_smi_timeout": 20.0,
         "http_timeout": 30.0,
         "client_units": ["sglang-fleet-generate.service"],
+        # The agent keeps no fallbacks: the rest of the agent's options, from the retune's table.
+        "devices_dir": "/dev",
+        "poll_interval": 0.5,
+        "secrets_file": "/etc/sglang-fleet/secrets.env",
+        "state_dir": "/var/lib/sglang-fleet",
+        "desired_dir": "/etc/sglang-fleet/instances",
     }
     assert result["changed"] is False and "failed" not in result
     assert result["inventory"] == {

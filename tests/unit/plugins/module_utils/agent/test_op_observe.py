@@ -9,7 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe, ops
+from agent_requests import REQUEST, run_op
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
@@ -65,7 +67,7 @@ class ObserveHost(Host):
     """A host whose instance answers /metrics with a new sample per call, on a fake clock."""
 
     def __init__(self, tmp_path: Path, running: bool = True):
-        super().__init__({"secrets_file": str(tmp_path / "secrets.env"), "http_timeout": 30})
+        super().__init__({**REQUEST, "secrets_file": str(tmp_path / "secrets.env"), "http_timeout": 30})
         self.clock = 1000.0
         self.running = running
         self.metrics_calls = 0
@@ -123,7 +125,7 @@ def instance() -> dict[str, Any]:
 
 def test_observe_samples_the_window_and_reads_the_rest_once(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path)
-    result = ops.run({"op": "observe", "instances": [instance()], "window": 20, "interval": 5}, host)
+    result = run_op({"op": "observe", "instances": [instance()], "window": 20, "interval": 5}, host)
     assert result["agent_version"] == 1 and result["sampled"] is True
     obs = result["instances"]["gpu0"]
     # Ticks at 0, 5, 10, 15, 20 s; the third /metrics timed out.
@@ -179,7 +181,7 @@ def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> N
         "interval": 5,
         "client_units": ["gen.service", "silent.service"],
     }
-    result = ops.run(req, host)
+    result = run_op(req, host)
     assert [unit for unit, _unused in asked] == ["gen.service", "silent.service"]
     # Only the endpoint that reaches this host's gpu0 (port 30000) counts for it.
     assert result["instances"]["gpu0"]["clients"] == [
@@ -197,13 +199,13 @@ def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> N
     ]
     # Without client_units, no client is asked.
     asked.clear()
-    plain = ops.run({**req, "client_units": []}, host)
+    plain = run_op({**req, "client_units": []}, host)
     assert asked == [] and "clients" not in plain["instances"]["gpu0"]
 
 
 def test_observe_without_sampling_for_prometheus(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path)
-    result = ops.run(
+    result = run_op(
         {"op": "observe", "instances": [instance()], "window": 300, "interval": 5, "sample_metrics": False}, host
     )
     assert host.metrics_calls == 0 and host.server_info_calls == 1
@@ -214,7 +216,7 @@ def test_observe_without_sampling_for_prometheus(tmp_path: Path) -> None:
 def test_observe_a_stopped_instance_and_a_broken_nvidia_smi(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path, running=False)
     host.gpu_error = EvidenceError("GPU memory", ["nvidia-smi"], 9, "", "NVIDIA-SMI has failed")
-    result = ops.run({"op": "observe", "instances": [instance()], "window": 10, "interval": 5}, host)
+    result = run_op({"op": "observe", "instances": [instance()], "window": 10, "interval": 5}, host)
     obs = result["instances"]["gpu0"]
     assert obs["running"] is False and obs["server_info_error"] == "the unit is not running"
     assert obs["samples"] == [] and host.server_info_calls == 0
