@@ -124,7 +124,8 @@ def _throughput_words(prop: Mapping[str, Any]) -> str:
     return words
 
 
-def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str:
+# Complexity checked by people: the report's text, one optional section per branch, top to bottom.
+def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str:  # noqa: PLR0912
     """The report for people: per group of instances, the diagnosis, why (metrics to check on a
     dashboard), the proposal and what it is predicted to give."""
     head = "sglang-fleet advice"
