@@ -310,7 +310,10 @@ def test_predict_is_the_plan() -> None:
 def facts_of(profile: profiles.ModelProfile, inp: memory.MemoryInputs) -> ModelFacts:
     conv, ssm = profile.mamba_per_req_bytes(inp.mamba_ssm_dtype, inp.tp_size)
     kv_heads = max(1, profile.num_kv_heads // inp.tp_size)
-    layers = profile.attention_layers + (profile.draft_layers if inp.spec_mtp else 0)
+    # What the target's lines say: its cell counts the draft's layer where the draft loads before the
+    # pools (0.5.14+); on 0.5.9 the draft loads after them, into a pool of its own.
+    draft_first = inp.spec_mtp and not memory.draft_after_target_pools(inp)
+    layers = profile.attention_layers + (profile.draft_layers if draft_first else 0)
     cell = kv_heads * (profile.head_dim + (profile.v_head_dim or profile.head_dim)) * layers * profile.kv_dtype_bytes
     return ModelFacts(
         hybrid=profile.is_hybrid,
