@@ -137,7 +137,8 @@ def _start_units(
     units = list(req.get("units", []))
     if not units or not req.get("start"):
         return None
-    # In check mode after a unit changed, the units' state is that of the old units: all would start.
+    # In check mode once a unit changed, the state is not asked: every unit is reported as one to
+    # start (an over-report for a running instance, which the real run leaves alone).
     state = host.units(units) if not unit_changed or not check else {}
     to_start = [u for u in units if state.get(u, {}).get("ActiveState") not in ("active", "activating", "reloading")]
     if not to_start:

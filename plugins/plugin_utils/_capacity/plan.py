@@ -27,6 +27,12 @@ Vocabulary (every size is per GPU, i.e. per tensor-parallel rank, as the rank-0 
   (``--max-running-requests``) or ``"default"`` (SGLang's own: 48 with speculative decoding, else
   a request pool sized from the KV cache).
 
+It reads differently from the test double's ``gpusim/memory.py``, on purpose: the simulator is an
+independent reference that walks SGLang's start (load the model, allocate each pool from the
+model's architecture: heads, layers, dtypes); this planner works from the facts measured on a
+running instance (bytes per Mamba slot and per KV token, from its own startup lines,
+:mod:`_capacity.model_facts`) and asks what other settings would give. Neither imports the other.
+
 What SGLang picks by default for a release and settings (``mem_fraction_static``, the Mamba
 strategy, slots per request) is :mod:`_capacity.defaults`; what the arithmetic reads (release,
 :class:`ModelFacts`, :class:`Settings`) is :mod:`_capacity.inputs`. This module sizes the pools.

@@ -49,6 +49,57 @@ def _fake_traceback(exc_type: str, message: str) -> str:
     )
 
 
+class _WeightLines:
+    """The weight loads as the journal shows them. With MTP the draft model has its own runner
+    (facts/<version>.json scheduler_start). On 0.5.14+ it loads before the target's pools are sized
+    (0.5.23 managers/scheduler.py:1128-1137): the target's weight lines, then the draft's, then the
+    pools. On 0.5.9 it loads after the target's pools and CUDA graphs (managers/scheduler.py:563-565),
+    out of what they leave."""
+
+    def __init__(self, version: Version, inp: memory.MemoryInputs, prof: ModelProfile, plan: memory.MemoryPlan):
+        self.prof = prof
+        self.plan = plan
+        self.dtype = f"dtype=torch.{prof.torch_dtype}, " if version.load_weight_has_dtype else ""
+        self.kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if version.kv_line_has_dtype else ""
+        self.draft_gib = memory.draft_weights_gib(inp)
+        draft_layers = prof.draft_layers if inp.spec_mtp else 0
+        self.late = memory.draft_after_target_pools(inp)
+        self.split = self.draft_gib > 0 and not self.late
+        self.target_gib = plan.weights_gib - self.draft_gib if self.split else plan.weights_gib
+        # The target's share of a KV pool sized with the draft's layers in each token's cell.
+        self.share = prof.attention_layers / (prof.attention_layers + draft_layers) if self.split else 1.0
+
+    def log_target(self, log: Logger, startup_s: float) -> None:
+        """The target's weights, and a draft's loaded before the pools."""
+        plan, arch = self.plan, self.prof.architectures[0]
+        log.info(
+            f"Load weight end. elapsed={0.5 * startup_s:.2f} s, type={arch}, {self.dtype}"
+            f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - self.target_gib:.2f} GB, "
+            f"mem usage={self.target_gib:.2f} GB."
+        )
+        if self.split:
+            log.info(f"Load weight begin. avail mem={plan.avail_after_weights_gib + self.draft_gib:.2f} GB")
+            log.info(
+                f"Load weight end. elapsed={0.02 * startup_s:.2f} s, type={arch}MTP, {self.dtype}"
+                f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={self.draft_gib:.2f} GB."
+            )
+
+    def log_late_draft(self, log: Logger, startup_s: float, plan: memory.MemoryPlan) -> None:
+        """0.5.9: the draft's runner (speculative/eagle_worker.py, is_draft_worker): its weights,
+        then its one-layer pool with the target's #tokens (model_runner_kv_cache_mixin.py:402-403)."""
+        free = plan.avail_after_graph_gib()
+        log.info(f"Load weight begin. avail mem={free:.2f} GB")
+        log.info(
+            f"Load weight end. elapsed={0.02 * startup_s:.2f} s, type={self.prof.architectures[0]}MTP, "
+            f"{self.dtype}avail mem={free - self.draft_gib:.2f} GB, mem usage={self.draft_gib:.2f} GB."
+        )
+        log.info(
+            f"KV Cache is allocated. {self.kv_dtype}#tokens: {plan.kv_tokens}, "
+            f"K size: {plan.late_draft_k_gib:.2f} GB, V size: {plan.late_draft_v_gib:.2f} GB"
+        )
+        log.info(f"Memory pool end. avail mem={plan.avail_after_late_draft_gib():.2f} GB")
+
+
 class Scheduler:
     def __init__(self, chan: Channel, spec: dict[str, Any]):
         self.chan = chan
@@ -115,6 +166,34 @@ class Scheduler:
         os._exit(0)
 
     def startup(self) -> dict[str, Any]:
+        """The scheduler's start as SGLang logs it: torch distributed, the weights (the target's,
+        and an MTP draft's where it loads first), the pools, the CUDA graphs, a 0.5.9 draft loaded
+        after them, then the summary line; GPU memory taken step by step."""
+        prof = ModelProfile(**self.spec["profile"])
+        others = self._init_torch_distributed(prof)
+        inp = memory.MemoryInputs(
+            **{
+                **self.spec["memory"],
+                "version": self.version,
+                "profile": prof,
+                "others_mib": others,
+                "gpu_index": int(self.spec["gpu_logical"]),
+            }
+        )
+        plan = self._load_weights(inp, prof)
+        weights = _WeightLines(self.version, inp, prof, plan)
+        weights.log_target(self.log, self.startup_s)
+        self._wait_until(0.7)
+        self._init_memory_pool(inp, prof, plan, weights)
+        self._capture_cuda_graphs(inp, plan)
+        if weights.late:
+            weights.log_late_draft(self.log, self.startup_s, plan)
+            self._set_mib(plan.final_mib)
+        self._wait_until(1.0)
+        return self._ready(plan, weights)
+
+    def _init_torch_distributed(self, prof: ModelProfile) -> int:
+        """Open the GPU's device nodes and take the CUDA context; the MiB others hold on the GPU."""
         spec = self.spec
         phys = int(spec["gpu_physical"])
         devdir = Path(spec["devices_dir"])
@@ -135,7 +214,6 @@ class Scheduler:
                     f"CUDA error: no CUDA-capable device is detected ({devdir / name}: {exc.strerror})",
                 ) from None
         me = os.getpid()
-        prof = ModelProfile(**spec["profile"])
         alloc = registry.Allocation(
             pid=me,
             start_time=procutil.start_time(me) or 0,
@@ -152,17 +230,12 @@ class Scheduler:
             f"Init torch distributed ends. elapsed={0.05 * self.startup_s:.2f} s, "
             f"mem usage={prof.context_mib / 1024:.2f} GB"
         )
-        inp = memory.MemoryInputs(
-            **{
-                **spec["memory"],
-                "version": self.version,
-                "profile": prof,
-                "others_mib": others,
-                "gpu_index": int(spec["gpu_logical"]),
-            }
-        )
-        total_gib = inp.total_mib / 1024
-        avail0 = total_gib - others / 1024 - prof.context_mib / 1024
+        return others
+
+    def _load_weights(self, inp: memory.MemoryInputs, prof: ModelProfile) -> memory.MemoryPlan:
+        """The weights come in step by step; a start that fails (out of memory now, or later at
+        the pools) fails after the memory it took."""
+        avail0 = inp.total_mib / 1024 - inp.others_mib / 1024 - prof.context_mib / 1024
         self.log.info(f"Load weight begin. avail mem={avail0:.2f} GB")
         w = memory.weights_gib(inp)
         try:
@@ -182,29 +255,13 @@ class Scheduler:
         if failure is not None:
             self._wait_until(0.7)
             raise failure
-        dtype = f"dtype=torch.{prof.torch_dtype}, " if self.version.load_weight_has_dtype else ""
-        # With MTP the draft model has its own runner (facts/<version>.json scheduler_start). On
-        # 0.5.14+ it loads before the target's pools are sized (0.5.23 managers/scheduler.py:1128-1137):
-        # the target's weight lines, then the draft's, then the pools. On 0.5.9 it loads after the
-        # target's pools and CUDA graphs (managers/scheduler.py:563-565), out of what they leave.
-        draft_w = memory.draft_weights_gib(inp)
-        draft_layers = prof.draft_layers if inp.spec_mtp else 0
-        late = memory.draft_after_target_pools(inp)
-        split = draft_w > 0 and not late
-        target_w = plan.weights_gib - draft_w if split else plan.weights_gib
-        self.log.info(
-            f"Load weight end. elapsed={0.5 * self.startup_s:.2f} s, type={prof.architectures[0]}, {dtype}"
-            f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - target_w:.2f} GB, "
-            f"mem usage={target_w:.2f} GB."
-        )
-        if split:
-            self.log.info(f"Load weight begin. avail mem={plan.avail_after_weights_gib + draft_w:.2f} GB")
-            self.log.info(
-                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
-                f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={draft_w:.2f} GB."
-            )
-        self._wait_until(0.7)
-        rank0 = int(spec["tp_rank"]) == 0
+        return plan
+
+    def _init_memory_pool(
+        self, inp: memory.MemoryInputs, prof: ModelProfile, plan: memory.MemoryPlan, weights: _WeightLines
+    ) -> None:
+        """The sizing warnings, the Mamba cache and KV cache lines, the memory the pools take."""
+        rank0 = int(self.spec["tp_rank"]) == 0
         for w_msg in plan.warnings:
             # Sizing (the KV cap, the running-requests caps) comes before the pools are built
             # (0.5.23 mem_cache/kv_cache_configurator.py:3140, 3184).
@@ -215,59 +272,49 @@ class Scheduler:
                 f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
                 f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
             )
-            if spec["memory"].get("spec"):
+            if self.spec["memory"].get("spec"):
                 line += (
                     f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
                     f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
                 )
             self.log.info(line)
-        kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if self.version.kv_line_has_dtype else ""
         # The target's pool holds its own layers; the draft's (layer [0] only, the same #tokens,
         # 0.5.23 mem_cache/kv_cache_configurator.py:2614-2622) logs its own line after it.
-        share = prof.attention_layers / (prof.attention_layers + draft_layers) if split else 1.0
-        pools = [share, 1.0 - share] if split else [1.0]
+        pools = [weights.share, 1.0 - weights.share] if weights.split else [1.0]
         for part in pools:
             self.log.info(
-                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.k_gib * part:.2f} GB, "
-                f"V size: {plan.v_gib * part:.2f} GB"
+                f"KV Cache is allocated. {weights.kv_dtype}#tokens: {plan.kv_tokens}, "
+                f"K size: {plan.k_gib * part:.2f} GB, V size: {plan.v_gib * part:.2f} GB"
             )
         self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
         self.log.info(f"Memory pool end. avail mem={plan.avail_after_pools_gib():.2f} GB")
-        if inp.cuda_graph_enabled:
-            self.log.info(
-                "Capture cuda graph begin. This can take up to several minutes. "
-                f"avail mem={plan.avail_after_pools_gib():.2f} GB"
-            )
-            self._wait_until(0.8)
+
+    def _capture_cuda_graphs(self, inp: memory.MemoryInputs, plan: memory.MemoryPlan) -> None:
+        """The graphs' working set must fit outside the static pool, or CUDA runs out."""
+        if not inp.cuda_graph_enabled:
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
-            self._wait_until(0.95)
-            self._set_mib(plan.final_mib - plan.late_draft_mib)
-            self.log.info(
-                f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
-                f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
-            )
-        else:
-            oom = memory.check_headroom(inp, plan)
-            if oom:
-                raise oom
-        if late:
-            # 0.5.9: the draft's runner (speculative/eagle_worker.py, is_draft_worker): its weights,
-            # then its one-layer pool with the target's #tokens (model_runner_kv_cache_mixin.py:402-403).
-            free = plan.avail_after_graph_gib()
-            self.log.info(f"Load weight begin. avail mem={free:.2f} GB")
-            self.log.info(
-                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
-                f"avail mem={free - draft_w:.2f} GB, mem usage={draft_w:.2f} GB."
-            )
-            self.log.info(
-                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.late_draft_k_gib:.2f} GB, "
-                f"V size: {plan.late_draft_v_gib:.2f} GB"
-            )
-            self.log.info(f"Memory pool end. avail mem={plan.avail_after_late_draft_gib():.2f} GB")
-            self._set_mib(plan.final_mib)
-        self._wait_until(1.0)
+            return
+        self.log.info(
+            "Capture cuda graph begin. This can take up to several minutes. "
+            f"avail mem={plan.avail_after_pools_gib():.2f} GB"
+        )
+        self._wait_until(0.8)
+        oom = memory.check_headroom(inp, plan)
+        if oom:
+            raise oom
+        self._wait_until(0.95)
+        self._set_mib(plan.final_mib - plan.late_draft_mib)
+        self.log.info(
+            f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
+            f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
+        )
+
+    def _ready(self, plan: memory.MemoryPlan, weights: _WeightLines) -> dict[str, Any]:
+        """The remaining warnings, the summary line (rank 0), and what the server reports."""
+        spec = self.spec
+        rank0 = int(spec["tp_rank"]) == 0
         for w_msg in plan.warnings:
             if "max_total_tokens=" not in w_msg and "max_running_requests" not in w_msg and rank0:
                 self.log.warning(w_msg)
@@ -289,8 +336,8 @@ class Scheduler:
             "mamba_ratio": plan.mamba_ratio,
             # memory_usage: the target's weights and its KV pool only (0.5.9 managers/scheduler.py:2655,
             # 0.5.23 mem_cache/memory_pool.py:4359-4362).
-            "weight_gib": target_w,
-            "kv_gib": plan.kv_gib * share,
+            "weight_gib": weights.target_gib,
+            "kv_gib": plan.kv_gib * weights.share,
             "mamba_gib": plan.mamba_gib,
             "graph_gib": plan.graph_mib / 1024,
             "avail_start_gib": plan.avail_start_gib,
