@@ -17,16 +17,16 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as _advisor
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import evidence as _advice_evidence
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import evidence_from_observation
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME, agent_options
 
 display = Display()
 
 OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
-POLICY_KEYS = frozenset(_advisor.Policy.__dataclass_fields__)
+POLICY_KEYS = frozenset(diagnose.Policy.__dataclass_fields__)
 INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
 
 # The options it shares with the retune (nvidia_smi, nvidia_smi_timeout, http_timeout, pct) are
@@ -129,12 +129,12 @@ class ActionModule(ActionBase):
                 )
                 facts["samples"] = samples
                 facts["metrics_errors"] = problems[:3]
-        policy = _advisor.Policy(**args["policy"])
+        policy = diagnose.Policy(**args["policy"])
         for inst in instances:
             place = "host" if inst.get("container") is None else str(inst["container"])
             host_side = gpus_by_place.get(place) or {}
             observation = by_name.get(inst["name"]) or {"server_info_error": "no observation"}
-            evidence = _advice_evidence.evidence_from_observation(
+            evidence = evidence_from_observation(
                 hostname,
                 inst,
                 observation,
@@ -144,7 +144,7 @@ class ActionModule(ActionBase):
                 out["source"],
             )
             display.vvv(f"advise: {inst['name']}: {len(observation.get('samples') or [])} samples", host=hostname)
-            advice = _advisor.advise_instance(evidence, policy).to_dict()
+            advice = diagnose.advise_instance(evidence, policy).to_dict()
             # A client that runs but did not say what it sends: the prediction could not count it.
             advice["problems"] += list(host_side.get("clients_problems") or [])
             out["instances"].append(advice)
