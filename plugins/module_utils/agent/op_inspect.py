@@ -14,8 +14,9 @@ from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url, timed_out
 from .nvidia import meaningful_app_pids
-from .op_observe import JOURNAL_PATTERN, startup_journal
+from .op_observe import startup_journal
 from .procfs import classify_processes, in_cgroup
+from .request import need
 from .settings import process_evidence
 from .systemd import identity
 
@@ -32,7 +33,7 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     # Check mode: the startup lines of each running instance's current run (the model facts the
     # controller predicts the capacity after a retune from), read as the observe operation does.
     read_journal = bool(req.get("startup_journal"))
-    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
+    pattern = str(need(req, "journal_pattern")) if read_journal else ""
 
     def inspect_one(inst: dict[str, Any]) -> dict[str, Any]:
         state = units[inst["unit"]]

@@ -26,14 +26,11 @@ from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
 from .host import Host, parallel
 from .http_client import instance_url
 from .op_clients import clients_by_instance
+from .request import need
 from .systemd import identity
 
-# The scheduler's startup lines the advisor reads (the controller sends the same expression as
-# ``journal_pattern``: plugin_utils/_capacity/model_facts.py JOURNAL_PATTERN).
-JOURNAL_PATTERN = (
-    "Load weight begin|Load weight end|Mamba Cache is allocated|KV Cache is allocated|"
-    "max_total_num_tokens=|max_running_requests is capped|max_running_requests was reduced"
-)
+# The scheduler's startup lines to read are the controller's (``journal_pattern``: what
+# plugin_utils/_capacity/model_facts.py parses, JOURNAL_PATTERN), sent with the request.
 # The last startup line: reading a journal from its start (no --grep) stops there.
 LAST_STARTUP_LINE = "max_total_num_tokens="
 JOURNAL_MAX_LINES = 200
@@ -91,16 +88,13 @@ def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Each instance's identity and startup lines, its /server_info, then its /metrics and the
     GPUs' memory sampled over the window; the generation clients sending to it, if asked."""
     instances = req["instances"]
-    window = max(0.0, float(req.get("window", 300)))
-    interval = max(0.1, float(req.get("interval", 5)))
-    sample = bool(req.get("sample_metrics", True))
-    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
+    window = max(0.0, float(need(req, "window")))
+    interval = max(0.1, float(need(req, "interval")))
+    sample = bool(need(req, "sample_metrics"))
     read_journal = bool(req.get("journal", True))
+    pattern = str(need(req, "journal_pattern")) if read_journal else None
     units = host.units([i["unit"] for i in instances])
-    results = {
-        inst["name"]: _instance_facts(host, inst, units.get(inst["unit"], {}), pattern if read_journal else None)
-        for inst in instances
-    }
+    results = {inst["name"]: _instance_facts(host, inst, units.get(inst["unit"], {}), pattern) for inst in instances}
     running = [i for i in instances if results[i["name"]]["running"]]
     _read_server_info(host, instances, running, results)
     gpus = _GpuMemory(host)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients import ClientsUnknown, RetuneClients
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import (
     Decision,
@@ -149,7 +150,8 @@ class Retune:
         try:
             # In check mode the inspect phase also reads each running instance's startup journal
             # lines (op_observe's reader): the model facts of the predicted capacity.
-            inspected = self._phase("inspect", self.order, {"startup_journal": True} if self.check_mode else None)
+            journal = {"startup_journal": True, "journal_pattern": JOURNAL_PATTERN}
+            inspected = self._phase("inspect", self.order, journal if self.check_mode else None)
         except PhaseError as exc:
             return self._final(t0, failed_msg=f"{exc}; nothing was changed")
         facts = inspected["instances"]

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.action.advise import ARGUMENT_SPEC as ADVISE_SPEC
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import ops
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import agent_options, default
 
-# What the retune's phases add to the agent options (plugin_utils/_retune/flow.py, clients.py).
+# What the retune's phases add to the agent options (plugin_utils/_retune/flow.py, clients.py;
+# journal_pattern with the inspect of check mode).
 PHASE_KEYS = {
     "stop_timeout": default("stop_timeout"),
     "kill_timeout": default("kill_timeout"),
@@ -21,7 +24,14 @@ PHASE_KEYS = {
     "client_units": default("client_units"),
     "client_drain_timeout": default("client_drain_timeout"),
 }
-REQUEST: dict[str, Any] = {**agent_options({}), **PHASE_KEYS}
+# What the advise action adds for the observe operation (plugins/action/advise.py).
+OBSERVE_KEYS = {
+    "window": ADVISE_SPEC["window"]["default"],
+    "interval": ADVISE_SPEC["interval"]["default"],
+    "sample_metrics": True,
+    "journal_pattern": JOURNAL_PATTERN,
+}
+REQUEST: dict[str, Any] = {**agent_options({}), **PHASE_KEYS, **OBSERVE_KEYS}
 
 
 def run_op(req: dict[str, Any], host: Host | None = None) -> dict[str, Any]:

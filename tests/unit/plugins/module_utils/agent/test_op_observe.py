@@ -15,6 +15,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_o
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.ops import run as op_observe_run
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 
 # SGLang reference §4, "Exposition sample (v23)" (the long label sets split over string literals).
@@ -58,9 +59,17 @@ def test_parse_metrics_on_the_reference_exposition() -> None:
     assert op_observe.parse_metrics(text) == {"num_running_reqs": 16.0, "generation_tokens_total": 1500250.0}
 
 
-def test_the_agent_and_the_controller_ask_for_the_same_lines() -> None:
-    assert op_observe.JOURNAL_PATTERN == JOURNAL_PATTERN
+def test_the_agent_asks_for_the_lines_the_controller_names_and_has_none_of_its_own(tmp_path: Path) -> None:
+    """The lines to read are the controller's parser's (one expression, sent with the request): an
+    observe that would read the journal without it fails naming the key."""
     re.compile(JOURNAL_PATTERN)
+    assert not hasattr(op_observe, "JOURNAL_PATTERN")
+    request = {k: v for k, v in REQUEST.items() if k != "journal_pattern"}
+    out = op_observe_run({**request, "op": "observe", "instances": [instance()]}, ObserveHost(tmp_path))
+    assert out == {
+        "failed": True,
+        "msg": "the request to the host agent has no 'journal_pattern' (its sender must give every key it reads)",
+    }
 
 
 class ObserveHost(Host):
