@@ -138,6 +138,7 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
         # The agent keeps no fallbacks: the rest of the agent's options, from the retune's table.
         "devices_dir": "/dev",
         "poll_interval": 0.5,
+        "stall_probe_s": 5.0,
         "secrets_file": "/etc/sglang-fleet/secrets.env",
         "state_dir": "/var/lib/sglang-fleet",
         "desired_dir": "/etc/sglang-fleet/instances",

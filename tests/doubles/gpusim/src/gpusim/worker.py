@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpusim import driver, memory, proctitle, procutil, registry
+from gpusim import driver, memory, proctitle, procutil, registry, startup
 from gpusim.channel import Channel
 from gpusim.logutil import Logger
 from gpusim.profiles import ModelProfile
@@ -47,57 +47,6 @@ def _fake_traceback(exc_type: str, message: str) -> str:
         "    self.initialize(min_per_gpu_memory)\n"
         f"{exc_type}: {message}\n"
     )
-
-
-class _WeightLines:
-    """The weight loads as the journal shows them. With MTP the draft model has its own runner
-    (facts/<version>.json scheduler_start). On 0.5.14+ it loads before the target's pools are sized
-    (0.5.23 managers/scheduler.py:1128-1137): the target's weight lines, then the draft's, then the
-    pools. On 0.5.9 it loads after the target's pools and CUDA graphs (managers/scheduler.py:563-565),
-    out of what they leave."""
-
-    def __init__(self, version: Version, inp: memory.MemoryInputs, prof: ModelProfile, plan: memory.MemoryPlan):
-        self.prof = prof
-        self.plan = plan
-        self.dtype = f"dtype=torch.{prof.torch_dtype}, " if version.load_weight_has_dtype else ""
-        self.kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if version.kv_line_has_dtype else ""
-        self.draft_gib = memory.draft_weights_gib(inp)
-        draft_layers = prof.draft_layers if inp.spec_mtp else 0
-        self.late = memory.draft_after_target_pools(inp)
-        self.split = self.draft_gib > 0 and not self.late
-        self.target_gib = plan.weights_gib - self.draft_gib if self.split else plan.weights_gib
-        # The target's share of a KV pool sized with the draft's layers in each token's cell.
-        self.share = prof.attention_layers / (prof.attention_layers + draft_layers) if self.split else 1.0
-
-    def log_target(self, log: Logger, startup_s: float) -> None:
-        """The target's weights, and a draft's loaded before the pools."""
-        plan, arch = self.plan, self.prof.architectures[0]
-        log.info(
-            f"Load weight end. elapsed={0.5 * startup_s:.2f} s, type={arch}, {self.dtype}"
-            f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - self.target_gib:.2f} GB, "
-            f"mem usage={self.target_gib:.2f} GB."
-        )
-        if self.split:
-            log.info(f"Load weight begin. avail mem={plan.avail_after_weights_gib + self.draft_gib:.2f} GB")
-            log.info(
-                f"Load weight end. elapsed={0.02 * startup_s:.2f} s, type={arch}MTP, {self.dtype}"
-                f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={self.draft_gib:.2f} GB."
-            )
-
-    def log_late_draft(self, log: Logger, startup_s: float, plan: memory.MemoryPlan) -> None:
-        """0.5.9: the draft's runner (speculative/eagle_worker.py, is_draft_worker): its weights,
-        then its one-layer pool with the target's #tokens (model_runner_kv_cache_mixin.py:402-403)."""
-        free = plan.avail_after_graph_gib()
-        log.info(f"Load weight begin. avail mem={free:.2f} GB")
-        log.info(
-            f"Load weight end. elapsed={0.02 * startup_s:.2f} s, type={self.prof.architectures[0]}MTP, "
-            f"{self.dtype}avail mem={free - self.draft_gib:.2f} GB, mem usage={self.draft_gib:.2f} GB."
-        )
-        log.info(
-            f"KV Cache is allocated. {self.kv_dtype}#tokens: {plan.kv_tokens}, "
-            f"K size: {plan.late_draft_k_gib:.2f} GB, V size: {plan.late_draft_v_gib:.2f} GB"
-        )
-        log.info(f"Memory pool end. avail mem={plan.avail_after_late_draft_gib():.2f} GB")
 
 
 class Scheduler:
@@ -166,31 +115,46 @@ class Scheduler:
         os._exit(0)
 
     def startup(self) -> dict[str, Any]:
-        """The scheduler's start as SGLang logs it: torch distributed, the weights (the target's,
-        and an MTP draft's where it loads first), the pools, the CUDA graphs, a 0.5.9 draft loaded
-        after them, then the summary line; GPU memory taken step by step."""
-        prof = ModelProfile(**self.spec["profile"])
+        """The scheduler's start as SGLang runs it: torch distributed, the weights, the pools, the
+        CUDA graphs, a 0.5.9 draft loaded after them, then the summary; GPU memory taken step by
+        step, each step's lines written by gpusim/startup.py."""
+        spec = self.spec
+        prof = ModelProfile(**spec["profile"])
         others = self._init_torch_distributed(prof)
         inp = memory.MemoryInputs(
             **{
-                **self.spec["memory"],
+                **spec["memory"],
                 "version": self.version,
                 "profile": prof,
                 "others_mib": others,
-                "gpu_index": int(self.spec["gpu_logical"]),
+                "gpu_index": int(spec["gpu_logical"]),
             }
         )
         plan = self._load_weights(inp, prof)
-        weights = _WeightLines(self.version, inp, prof, plan)
-        weights.log_target(self.log, self.startup_s)
+        rank0 = int(spec["tp_rank"]) == 0
+        lines = startup.startup_lines(inp, plan, spec["args_for_log"], rank0=rank0, startup_s=self.startup_s)
+        self._say(lines, "weights")
         self._wait_until(0.7)
-        self._init_memory_pool(inp, prof, plan, weights)
-        self._capture_cuda_graphs(inp, plan)
-        if weights.late:
-            weights.log_late_draft(self.log, self.startup_s, plan)
+        self._say(lines, "sizing", "pools")
+        self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
+        self._say(lines, "pools_end")
+        self._capture_cuda_graphs(inp, plan, lines)
+        if plan.late_draft_mib:
+            self._say(lines, "late_draft")
             self._set_mib(plan.final_mib)
         self._wait_until(1.0)
-        return self._ready(plan, weights)
+        self._say(lines, "warnings", "summary")
+        return {
+            "status": "ready",
+            "max_total_num_tokens": plan.kv_tokens,
+            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
+            "max_running_requests": plan.max_running,
+            "max_mamba_cache_size": plan.mamba_k,
+            "mamba_ratio": plan.mamba_ratio,
+            **startup.memory_usage(inp, plan),
+            "final_mib": plan.final_mib,
+            "pid": os.getpid(),
+        }
 
     def _init_torch_distributed(self, prof: ModelProfile) -> int:
         """Open the GPU's device nodes and take the CUDA context; the MiB others hold on the GPU."""
@@ -236,7 +200,7 @@ class Scheduler:
         """The weights come in step by step; a start that fails (out of memory now, or later at
         the pools) fails after the memory it took."""
         avail0 = inp.total_mib / 1024 - inp.others_mib / 1024 - prof.context_mib / 1024
-        self.log.info(f"Load weight begin. avail mem={avail0:.2f} GB")
+        self.log.info(startup.load_weight_begin(avail0))
         w = memory.weights_gib(inp)
         try:
             plan = memory.plan(inp)
@@ -257,94 +221,28 @@ class Scheduler:
             raise failure
         return plan
 
-    def _init_memory_pool(
-        self, inp: memory.MemoryInputs, prof: ModelProfile, plan: memory.MemoryPlan, weights: _WeightLines
+    def _capture_cuda_graphs(
+        self, inp: memory.MemoryInputs, plan: memory.MemoryPlan, lines: startup.StartupLines
     ) -> None:
-        """The sizing warnings, the Mamba cache and KV cache lines, the memory the pools take."""
-        rank0 = int(self.spec["tp_rank"]) == 0
-        for w_msg in plan.warnings:
-            # Sizing (the KV cap, the running-requests caps) comes before the pools are built
-            # (0.5.23 mem_cache/kv_cache_configurator.py:3140, 3184).
-            if ("max_total_tokens=" in w_msg or "max_running_requests" in w_msg) and rank0:
-                self.log.warning(w_msg)
-        if plan.mamba_k is not None:
-            line = (
-                f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
-                f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
-            )
-            if self.spec["memory"].get("spec"):
-                line += (
-                    f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
-                    f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
-                )
-            self.log.info(line)
-        # The target's pool holds its own layers; the draft's (layer [0] only, the same #tokens,
-        # 0.5.23 mem_cache/kv_cache_configurator.py:2614-2622) logs its own line after it.
-        pools = [weights.share, 1.0 - weights.share] if weights.split else [1.0]
-        for part in pools:
-            self.log.info(
-                f"KV Cache is allocated. {weights.kv_dtype}#tokens: {plan.kv_tokens}, "
-                f"K size: {plan.k_gib * part:.2f} GB, V size: {plan.v_gib * part:.2f} GB"
-            )
-        self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
-        self.log.info(f"Memory pool end. avail mem={plan.avail_after_pools_gib():.2f} GB")
-
-    def _capture_cuda_graphs(self, inp: memory.MemoryInputs, plan: memory.MemoryPlan) -> None:
         """The graphs' working set must fit outside the static pool, or CUDA runs out."""
         if not inp.cuda_graph_enabled:
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
             return
-        self.log.info(
-            "Capture cuda graph begin. This can take up to several minutes. "
-            f"avail mem={plan.avail_after_pools_gib():.2f} GB"
-        )
+        self._say(lines, "graph_begin")
         self._wait_until(0.8)
         oom = memory.check_headroom(inp, plan)
         if oom:
             raise oom
         self._wait_until(0.95)
         self._set_mib(plan.final_mib - plan.late_draft_mib)
-        self.log.info(
-            f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
-            f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
-        )
+        self._say(lines, "graph_end")
 
-    def _ready(self, plan: memory.MemoryPlan, weights: _WeightLines) -> dict[str, Any]:
-        """The remaining warnings, the summary line (rank 0), and what the server reports."""
-        spec = self.spec
-        rank0 = int(spec["tp_rank"]) == 0
-        for w_msg in plan.warnings:
-            if "max_total_tokens=" not in w_msg and "max_running_requests" not in w_msg and rank0:
-                self.log.warning(w_msg)
-        # The free memory once the pools and CUDA graphs exist (0.5.23 managers/scheduler.py:1262-1276).
-        avail_report = plan.avail_after_late_draft_gib()
-        if rank0:
-            a = spec["args_for_log"]
-            self.log.info(
-                f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={a['chunked_prefill_size']}, "
-                f"max_prefill_tokens={a['max_prefill_tokens']}, max_running_requests={plan.max_running}, "
-                f"context_len={a['context_len']}, available_gpu_mem={avail_report:.2f} GB"
-            )
-        return {
-            "status": "ready",
-            "max_total_num_tokens": plan.kv_tokens,
-            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
-            "max_running_requests": plan.max_running,
-            "max_mamba_cache_size": plan.mamba_k,
-            "mamba_ratio": plan.mamba_ratio,
-            # memory_usage: the target's weights and its KV pool only (0.5.9 managers/scheduler.py:2655,
-            # 0.5.23 mem_cache/memory_pool.py:4359-4362).
-            "weight_gib": weights.target_gib,
-            "kv_gib": plan.kv_gib * weights.share,
-            "mamba_gib": plan.mamba_gib,
-            "graph_gib": plan.graph_mib / 1024,
-            "avail_start_gib": plan.avail_start_gib,
-            "avail_end_gib": plan.avail_after_graph_gib(),
-            "final_mib": plan.final_mib,
-            "pid": os.getpid(),
-        }
+    def _say(self, lines: startup.StartupLines, *stages: str) -> None:
+        for stage in stages:
+            for level, text in lines.stages[stage]:
+                getattr(self.log, level)(text)
 
     def _others_mib(self, phys: int) -> int:
         holders = registry.scan(Path(self.spec["state_dir"]), float(self.spec["release_delay_s"]))
