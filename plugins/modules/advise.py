@@ -26,8 +26,8 @@ description:
     memory per SGLang's own memory arithmetic for the release, and that the release's flag table
     accepts, with the predicted effective max running requests and throughput; for C(client-bound)
     the generation clients' concurrency; for C(compute-bound) nothing.
-  - Once (with O(results), every host's result) - the fleet report (instances with identical settings
-    and advice grouped), and the inventory patch written on the controller at O(output).
+  - The fleet report from every host's result, and the inventory patch, are
+    M(sglang_ops.fleet.advise_report)'s.
   - Nothing is ever applied - the operator reviews the patch and commits it, then runs the retune.
 version_added: 0.1.0
 author: sglang-fleet maintainers (@sglang-ops)
@@ -110,12 +110,6 @@ options:
         C(docs/advisor.md)), for example C(max_mem_fraction_static=0.9) or C(saturation_batch_tokens=512).
     type: dict
     default: {}
-  results:
-    description: Every host's result of this action with O(instances), keyed by host; gives the fleet report.
-    type: dict
-  output:
-    description: Where the fleet report writes the inventory patch (YAML), on the controller.
-    type: path
 attributes:
   check_mode:
     support: full
@@ -134,6 +128,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 seealso:
+  - module: sglang_ops.fleet.advise_report
   - module: sglang_ops.fleet.advise_observe
   - module: sglang_ops.fleet.server_validate
 """
@@ -144,12 +139,6 @@ EXAMPLES = r"""
     instances: "{{ sglang_server_resolved.instances }}"
     window: 300
   register: _advice
-
-- name: The fleet report, and the patch
-  sglang_ops.fleet.advise:
-    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, '_advice'))) }}"
-    output: advice/sglang-fleet-advice.yml
-  run_once: true
 """
 
 RETURN = r"""
@@ -159,40 +148,15 @@ instances:
       C(proposal) (C(changes) as setting - [now, proposed], C(client_changes), the predicted effective
       max running requests, KV tokens and throughput), C(alternatives), C(stats), C(facts),
       C(capacity), C(problems).
-  returned: with instances
+  returned: always
   type: list
   elements: dict
 inventory:
   description: The host's settings layers as the inventory writes them (for the patch).
-  returned: with instances
+  returned: always
   type: dict
 host_problem:
   description: Why the host gave no observation.
   returned: when the observe phase failed
   type: str
-report:
-  description: The fleet report (groups, instances, patch, problems) as data.
-  returned: with results
-  type: dict
-text:
-  description: The fleet report for people.
-  returned: with results
-  type: str
-report_lines:
-  description: RV(text) as lines.
-  returned: with results
-  type: list
-  elements: str
-patch_path:
-  description: Where the patch was written (null - O(output) not given).
-  returned: with results
-  type: str
-patch_yaml:
-  description: The patch.
-  returned: with results
-  type: str
-advice_produced:
-  description: Whether any instance was diagnosed.
-  returned: with results
-  type: bool
 """

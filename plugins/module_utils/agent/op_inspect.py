@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .defaults import DEFAULTS
 from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url, timed_out
 from .nvidia import meaningful_app_pids
-from .op_observe import JOURNAL_PATTERN, startup_journal
+from .op_observe import startup_journal
 from .procfs import classify_processes, in_cgroup
+from .request import need
 from .settings import process_evidence
 from .stall import probe_stall
 from .systemd import identity
@@ -37,8 +37,8 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     # operation does: "all" (check mode) every running instance's, "changed" (a real run) only
     # those whose command line or environment differ from the desired ones; else none.
     read_journal = req.get("startup_journal")
-    stall_probe_s = float(req.get("stall_probe_s", DEFAULTS["stall_probe_s"]))
-    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
+    stall_probe_s = float(need(req, "stall_probe_s"))
+    pattern = str(need(req, "journal_pattern")) if read_journal else ""
 
     def inspect_one(inst: dict[str, Any]) -> dict[str, Any]:
         state = units[inst["unit"]]

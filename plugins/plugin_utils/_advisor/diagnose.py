@@ -97,7 +97,8 @@ def _strategy_words(plan: CapacityPlan, settings: Settings) -> str:
     return ", ".join(parts)
 
 
-def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvice:
+# Complexity checked by people: the diagnoses in priority order, one after the other.
+def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvice:  # noqa: PLR0915
     """Diagnose one instance and, where a tuning change would help, propose the best one."""
     policy = policy or Policy()
     obs = ev.observation

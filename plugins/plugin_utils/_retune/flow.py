@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients import ClientsUnknown, RetuneClients
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import (
     Decision,
@@ -153,7 +154,8 @@ class Retune:
             # The inspect phase also reads the startup journal lines (op_observe's reader) of each
             # running instance (check mode) or of those whose settings change (a real run): the model
             # facts of the predicted capacity, and of the fit pre-flight (_retune.fit).
-            inspected = self._phase("inspect", self.order, {"startup_journal": journal_request(self.check_mode)})
+            journal = {"startup_journal": journal_request(self.check_mode), "journal_pattern": JOURNAL_PATTERN}
+            inspected = self._phase("inspect", self.order, journal)
         except PhaseError as exc:
             return self._final(t0, failed_msg=f"{exc}; nothing was changed")
         facts = inspected["instances"]

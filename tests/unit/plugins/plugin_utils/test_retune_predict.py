@@ -11,6 +11,7 @@ from typing import Any
 
 from simulated_instance import B200, FIRST_TUNING, simulate
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Options, Retune
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.predict import predict_after
 
@@ -89,6 +90,7 @@ def test_check_mode_predicts_the_b200_retune_as_the_simulator_would_start_it() -
     _j, _i, after, _u = simulate({k: v for k, v in NEW.items() if k != "mem_fraction_static"}, 0.93)
     result, host = check(running_facts(journal, info), NEW)
     assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] == "all"
+    assert host.options[0][1]["journal_pattern"] == JOURNAL_PATTERN  # the parser's lines, named once
     assert result["action"] == "would_relaunch"
     assert result["effective_max_running_requests_before"] == 16
     assert result["predicted_effective_max_running_requests"] == after.max_running == 52
