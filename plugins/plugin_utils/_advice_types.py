@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import ThroughputModel
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
 
@@ -44,6 +45,9 @@ class Policy:
     # The expected throughput: running requests x r give throughput x r ** this (a run measured:
     # 32 -> 72 running requests per RTX PRO 6000, 670 -> 1180 tok/s per GPU: 1.76 = 2.25 ** 0.70).
     scaling_exponent: float = 0.7
+    # The measured model (_advice_throughput): the running requests of the window (or of the
+    # measurement) must span at least this ratio (highest / lowest level) to fit the step time.
+    fit_min_spread: float = 1.5
 
 
 @dataclass
@@ -60,7 +64,8 @@ class Proposal:
     throughput_factor: float | None = None  # at most: throughput proportional to running requests
     throughput_before: float | None = None
     throughput_after: float | None = None
-    throughput_factor_expected: float | None = None  # with Policy.scaling_exponent
+    throughput_factor_expected: float | None = None  # the measured model's, else Policy.scaling_exponent's
+    throughput_model: dict[str, Any] | None = None  # _advice_throughput.ThroughputModel.to_dict()
     plan: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -136,13 +141,17 @@ def knee(settings: Settings, policy: Policy) -> int:
 
 
 def throughput_factors(
-    running_after: float, running_before: float, decode_knee: int, policy: Policy
+    running_after: float, running_before: float, decode_knee: int, model: ThroughputModel
 ) -> tuple[float, float]:
     """(at most, expected): the throughput factor of running ``running_after`` requests rather than
-    ``running_before``, up to the knee - proportional (memory-bound decode, an upper bound) and at
-    the policy's sublinear scaling."""
+    ``running_before`` - proportional up to the knee (memory-bound decode, an upper bound), and
+    the instance's measured step-time curve (:mod:`._advice_throughput`; its fallback, the
+    policy's exponent, counts up to the knee too)."""
     ratio = min(running_after, decode_knee) / min(max(running_before, 1e-9), decode_knee)
-    return ratio, ratio**policy.scaling_exponent
+    if model.fitted:
+        expected = model.factor(running_after, running_before)
+        return max(ratio, expected), expected
+    return ratio, ratio**model.exponent
 
 
 def instance_names(members: Sequence[Mapping[str, Any]]) -> str:

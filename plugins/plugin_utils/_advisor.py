@@ -23,12 +23,11 @@ Diagnoses (per instance, over the observed window):
   memory-bound): no tuning change is expected to help much; nothing is proposed.
 * ``unknown`` - not enough evidence (the instance is down, no samples, no /server_info).
 
-Throughput model (an assumption, stated in every prediction): while decode is memory-bandwidth
-bound, an instance's generation throughput is proportional to its running requests; it stops
-growing once a decode step carries ``saturation_batch_tokens`` tokens (running requests x tokens
-per step: ``speculative_num_draft_tokens`` with speculative decoding, else 1). Predicted throughput
-= observed throughput x min(new running, knee) / min(observed running, knee). It ignores the
-per-request slowdown of larger batches, so it is an upper bound.
+Throughput model, stated in every prediction: *expected* is read off the instance's own decode
+step time as a function of its running requests, fitted to its window or to the opt-in stepped
+measurement (:mod:`._advice_throughput`), else the documented exponent; *at most* is throughput
+proportional to running requests up to ``saturation_batch_tokens`` tokens per decode step (running
+requests x ``speculative_num_draft_tokens`` with speculative decoding, else 1), an upper bound.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence 
     running_drift,
 )
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_search import ProposalSearch, client_proposal
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import instance_model
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
     CLIENT_BOUND,
     COMPUTE_BOUND,
@@ -154,6 +154,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     cap = derived.observed.get("logged_mamba_cap")
     mamba_capped = isinstance(cap, Mapping) and cap.get("max_running_requests") == eff
     advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy, mamba_capped)
+    model = instance_model(obs, settings.spec, policy.fit_min_spread, policy.scaling_exponent)
     if advice.diagnosis in (MAMBA_BOUND, MAX_RUNNING_BOUND, KV_BOUND):
         if plan is None or derived.facts is None or ev.gpu_total_mib is None:
             advice.problems.append("no proposal: the model's memory facts are not known (see model facts)")
@@ -161,14 +162,14 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
         if plan.errors:
             advice.problems.append(f"no proposal: the current settings do not reproduce: {plan.errors[0]}")
             return advice
-        search = ProposalSearch(ev, derived.facts, settings, plan, stats, eff, policy)
+        search = ProposalSearch(ev, derived.facts, settings, plan, stats, eff, policy, model)
         proposals = search.raise_kv() if advice.diagnosis == KV_BOUND else search.raise_running()
         if proposals:
             advice.proposal, advice.alternatives = proposals[0], proposals[1:4]
         else:
             advice.why.append("no change within the GPU's memory and the release's flags raises it")
     elif advice.diagnosis == CLIENT_BOUND:
-        advice.proposal = client_proposal(stats, eff, settings, policy)
+        advice.proposal = client_proposal(stats, eff, settings, policy, model)
     return advice
 
 
