@@ -35,6 +35,7 @@ display = Display()
 
 OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
 POLICY_KEYS = frozenset(_advisor.Policy.__dataclass_fields__)
+MEASURE_KEYS = frozenset(("levels", "step_s", "interval", "settle", "drain_timeout", "max_new_tokens"))
 INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
@@ -53,6 +54,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "http_timeout": {"type": "float", "default": 30.0},
     "pct": {"type": "str", "default": "pct"},
     "client_units": {"type": "list", "elements": "str", "default": []},
+    "measure": {"type": "bool", "default": False},
+    "measure_options": {"type": "dict", "default": {}},
     "policy": {"type": "dict", "default": {}},
     "results": {"type": "dict"},
     "output": {"type": "path"},
@@ -99,6 +102,11 @@ class ActionModule(ActionBase):
                     "nvidia_smi_timeout": args["nvidia_smi_timeout"],
                     "http_timeout": args["http_timeout"],
                     "client_units": list(args["client_units"]),
+                    **(
+                        {"measure": {**args["measure_options"], "instances": [i["name"] for i in slim]}}
+                        if args["measure"]
+                        else {}
+                    ),
                 },
                 "pct": args["pct"],
             },
@@ -208,6 +216,9 @@ def check_args(args: dict[str, Any]) -> list[str]:
             problems.append(f"{key} must be > 0")
     if args["interval"] > args["window"] and args.get("instances") is not None:
         problems.append("interval must not exceed window")
+    unknown_measure = sorted(set(args["measure_options"]) - MEASURE_KEYS)
+    if unknown_measure:
+        problems.append(f"measure_options: unknown key(s) {unknown_measure}; known: {sorted(MEASURE_KEYS)}")
     unknown = sorted(set(args["policy"]) - POLICY_KEYS)
     if unknown:
         problems.append(f"policy: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)}")

@@ -117,12 +117,16 @@ def _num(value: Any) -> float | None:
 
 def step_points(samples: Iterable[Mapping[str, Any]], spec: bool) -> list[StepPoint]:
     """One point per sample with requests running and tokens generated (``sglang:gen_throughput``,
-    the scheduler's decode throughput over its last logging interval); with speculative decoding
-    the sample's ``spec_accept_length``, skipped where it has none."""
+    the scheduler's decode throughput over its last logging interval), where the running requests
+    were the same at the sample before (the gauge speaks for a batch that held); with speculative
+    decoding the sample's ``spec_accept_length``, skipped where it has none."""
     out = []
+    previous: float | None = None
     for s in samples:
         running, tput = _num(s.get("num_running_reqs")), _num(s.get("gen_throughput"))
-        if not running or running < 1 or not tput or tput <= 0:
+        held = previous is not None and running is not None and abs(running - previous) <= 1
+        previous = running
+        if not held or not running or running < 1 or not tput or tput <= 0:
             continue
         accept = 1.0
         if spec:
@@ -146,7 +150,7 @@ def _levels(points: Sequence[StepPoint]) -> list[list[float]]:
 
 
 def fit_step_time(
-    points: Sequence[StepPoint], method: str, min_spread: float = 1.5, exponent: float = 0.7
+    points: Sequence[StepPoint], method: str, min_spread: float = 1.5, exponent: float = 0.7, min_r2: float = 0.9
 ) -> ThroughputModel:
     """The least-squares line through the levels' median step times; the exponent's model with
     the reason when the points do not separate the terms (or the line is not a step time)."""
@@ -180,6 +184,13 @@ def fit_step_time(
     syy = sum(w * (s - mean_s) ** 2 for (_, s, _), w in zip(levels, weights, strict=True))
     residual = sum(w * (s - fixed - per_request * n) ** 2 for (n, s, _), w in zip(levels, weights, strict=True))
     accept = statistics.median(p.accept for p in points)
+    r2 = 1.0 - residual / syy if syy > 0 else 1.0
+    if r2 < min_r2:
+        fallback.why = (
+            f"the {method}'s step times are not a straight line in the running requests (r2 {r2:.2f} < "
+            f"{min_r2:g}: {', '.join(f'{n:g} running {1000 * s:.1f} ms' for n, s, _ in levels)})"
+        )
+        return fallback
     return ThroughputModel(
         method=method,
         fixed_s=fixed,
@@ -187,7 +198,7 @@ def fit_step_time(
         accept=accept,
         levels=levels,
         points=sum(int(c) for c in weights),
-        r2=1.0 - residual / syy if syy > 0 else 1.0,
+        r2=r2,
         max_error=max(abs(s - fixed - per_request * n) / s for n, s, _ in levels),
         exponent=exponent,
         why=f"running requests varied {low:g}-{high:g} over the {method}",
@@ -195,17 +206,17 @@ def fit_step_time(
 
 
 def instance_model(
-    observation: Mapping[str, Any], spec: bool, min_spread: float = 1.5, exponent: float = 0.7
+    observation: Mapping[str, Any], spec: bool, min_spread: float = 1.5, exponent: float = 0.7, min_r2: float = 0.9
 ) -> ThroughputModel:
     """The model for one instance from observe's result: the window's samples where they separate
     the terms, else the stepped measurement's (``measure_samples``, when the operator enabled
     it), else the exponent, saying why."""
-    window = fit_step_time(step_points(observation.get("samples") or [], spec), WINDOW, min_spread, exponent)
+    window = fit_step_time(step_points(observation.get("samples") or [], spec), WINDOW, min_spread, exponent, min_r2)
     if window.fitted:
         return window
     measured = observation.get("measure_samples")
     if measured:
-        model = fit_step_time(step_points(measured, spec), MEASUREMENT, min_spread, exponent)
+        model = fit_step_time(step_points(measured, spec), MEASUREMENT, min_spread, exponent, min_r2)
         if model.fitted:
             return model
         window.why += f"; {model.why}"

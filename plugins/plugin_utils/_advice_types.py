@@ -48,6 +48,7 @@ class Policy:
     # The measured model (_advice_throughput): the running requests of the window (or of the
     # measurement) must span at least this ratio (highest / lowest level) to fit the step time.
     fit_min_spread: float = 1.5
+    fit_min_r2: float = 0.9  # a fit whose step times stray further from a straight line is not used
 
 
 @dataclass
@@ -99,6 +100,7 @@ class InstanceAdvice:
     problems: list[str] = field(default_factory=list)
     model_check: bool | None = None
     drift: dict[str, list[Any]] = field(default_factory=dict)  # setting -> [the inventory's, the running]
+    series: dict[str, list[Any]] = field(default_factory=dict)  # _advice_window.window_series (the pictures)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +118,7 @@ class InstanceAdvice:
             "problems": list(self.problems),
             "model_check": self.model_check,
             "drift": dict(self.drift),
+            "series": dict(self.series),
         }
 
 

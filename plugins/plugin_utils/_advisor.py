@@ -58,7 +58,11 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types imp
     step_tokens,
     yaml_scalar,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats, window_stats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import (
+    WindowStats,
+    window_series,
+    window_stats,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import (
@@ -112,6 +116,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     kv_metric = facts.kv_usage_metric if facts is not None else None
     stats = window_stats(samples, eff, kv_tokens if isinstance(kv_tokens, int) else None, kv_metric)
     advice.stats = stats
+    advice.series = window_series(samples)
     if obs.get("metrics_errors"):
         advice.problems.extend(str(e) for e in obs["metrics_errors"])
     if info is None:
@@ -154,7 +159,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     cap = derived.observed.get("logged_mamba_cap")
     mamba_capped = isinstance(cap, Mapping) and cap.get("max_running_requests") == eff
     advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy, mamba_capped)
-    model = instance_model(obs, settings.spec, policy.fit_min_spread, policy.scaling_exponent)
+    model = instance_model(obs, settings.spec, policy.fit_min_spread, policy.scaling_exponent, policy.fit_min_r2)
     if advice.diagnosis in (MAMBA_BOUND, MAX_RUNNING_BOUND, KV_BOUND):
         if plan is None or derived.facts is None or ev.gpu_total_mib is None:
             advice.problems.append("no proposal: the model's memory facts are not known (see model facts)")

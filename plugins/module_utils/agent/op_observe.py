@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
 from .host import Host, parallel
-from .http_client import instance_url
+from .http_client import effective_max_running_requests, instance_url
 from .op_clients import clients_by_instance
+from .op_measure import measure_instance, workload_shape
 from .systemd import identity
 
 # The scheduler's startup lines the advisor reads (the controller sends the same expression as
@@ -57,6 +58,7 @@ GAUGES = {
 COUNTERS = {
     "sglang:generation_tokens_total": "generation_tokens_total",
     "sglang:num_requests_total": "num_requests_total",
+    "sglang:prompt_tokens_total": "prompt_tokens_total",
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -186,6 +188,7 @@ def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
         host.sleep(max(0.0, next_tick - host.monotonic()))
         tick += 1
     clients_problems: list[str] = []
+    senders: dict[str, list[dict[str, Any]]] = {}
     if req.get("client_units"):
         senders, clients_problems = clients_by_instance(
             {"client_units": req["client_units"], "instances": instances}, host
@@ -193,15 +196,55 @@ def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
         for name, endpoints in senders.items():
             if name in results:
                 results[name]["clients"] = endpoints
+    window_s = round(host.monotonic() - start, 3)
+    if req.get("measure"):
+        measured(req["measure"], running, results, senders, host, metrics)
     return {
         "instances": results,
         "clients_problems": clients_problems,
         "gpus": gpus,
         "gpu_error": gpu_error,
-        "window_s": round(host.monotonic() - start, 3),
+        "window_s": window_s,
         "interval_s": interval,
         "sampled": sample,
     }
+
+
+def measured(
+    spec: dict[str, Any],
+    running: list[dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    senders: dict[str, list[dict[str, Any]]],
+    host: Host,
+    read_metrics: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """The stepped measurement (:mod:`.op_measure`) of the named instances, at once (each on its
+    own GPUs), after the window: its samples and summary into each one's result."""
+    names = set(spec.get("instances") or [])
+    targets = []
+    for inst in running:
+        if inst["name"] not in names:
+            continue
+        eff = effective_max_running_requests(results[inst["name"]].get("server_info") or {})
+        if eff is None:
+            results[inst["name"]]["measure_error"] = "no effective max running requests in /server_info"
+            continue
+        targets.append({"inst": inst, "eff": eff})
+
+    def one(item: dict[str, Any]) -> dict[str, Any]:
+        inst = item["inst"]
+        shape = workload_shape(results[inst["name"]]["samples"])
+        return measure_instance(
+            inst, host, {**shape, **spec}, item["eff"], senders.get(inst["name"]) or [], read_metrics
+        )
+
+    for item, got in zip(targets, parallel(one, targets)):
+        results[item["inst"]["name"]].update(
+            {"measure_error": got.get("msg") or "failed"} if got.get("failed") else got
+        )
+    for name in names - {t["inst"]["name"] for t in targets}:
+        if name in results and "measure_error" not in results[name]:
+            results[name]["measure_error"] = "the unit is not running"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The advisor's stepped measurement (opt-in, part of ``observe``): a few seconds of the agent's
+own requests at a few concurrencies against each named instance, its ``/metrics`` sampled all
+along, so that the controller can fit the instance's decode step time against its running
+requests where the window did not vary them (``plugin_utils/_advice_throughput.py``).
+
+The host's generation clients that send to the instance are drained first (the retune's drain:
+nothing new is sent there, requests in flight get ``drain_timeout`` seconds, the rest go
+elsewhere) and always resumed after; the instance must be idle before the first step, else the
+measurement says what still ran and measures nothing. The load is streaming ``/generate``
+requests; closing them at the end of each step aborts them (SGLang drops a streaming request
+whose client went away).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .host import Host
+from .http_client import instance_url
+from .op_clients import op_drain, op_resume
+
+DEFAULT_LEVELS = (0.25, 0.5, 1.0)  # shares of the effective max running requests
+DEFAULT_STEP_S = 4.0
+DEFAULT_SETTLE = 0.4  # share of each step left out (the gauges lag the new level)
+DEFAULT_DRAIN_TIMEOUT = 10.0
+DEFAULT_MAX_NEW_TOKENS = 1024
+BY = "sglang-fleet advise (measurement)"
+DEFAULT_PROMPT_TOKENS = 200
+
+
+def workload_shape(samples: list[dict[str, Any]]) -> dict[str, int]:
+    """The mean prompt and completion of the requests that finished over the window (the
+    counters' growth): the measurement's requests take that shape, so that its steps carry the
+    same share of prefill as the instance's own work. Empty when none finished."""
+    have = [
+        s
+        for s in samples
+        if all(k in s for k in ("num_requests_total", "prompt_tokens_total", "generation_tokens_total"))
+    ]
+    if len(have) < 2:
+        return {}
+    first, last = have[0], have[-1]
+    done = last["num_requests_total"] - first["num_requests_total"]
+    if done < 1:
+        return {}
+    prompt = (last["prompt_tokens_total"] - first["prompt_tokens_total"]) / done
+    output = (last["generation_tokens_total"] - first["generation_tokens_total"]) / done
+    if prompt < 1 or output < 1:
+        return {}
+    shape = {"prompt_tokens": round(prompt), "max_new_tokens": round(output)}
+    running = [s["num_running_reqs"] for s in samples if s.get("num_running_reqs")]
+    tput = [s["gen_throughput"] for s in samples if s.get("gen_throughput")]
+    if running and tput:
+        shape["request_tokens_per_s"] = round((sum(tput) / len(tput)) / (sum(running) / len(running)), 3)
+    return shape
+
+
+def concurrencies(levels: list[float], effective_max: int) -> list[int]:
+    """The distinct concurrencies of the levels (shares of the max), lowest first, at least 1."""
+    return sorted({max(1, min(effective_max, round(float(share) * effective_max))) for share in levels})
+
+
+def measure_instance(
+    inst: dict[str, Any],
+    host: Host,
+    spec: dict[str, Any],
+    effective_max: int,
+    endpoints: list[dict[str, Any]],
+    read_metrics: Any,
+) -> dict[str, Any]:
+    """Drain the instance's clients, step the load, resume the clients: ``{"measure_samples":
+    [...], "measure": {...}}`` or ``{"measure_error": why, ...}``. ``read_metrics(inst)`` is
+    observe's /metrics reader."""
+    step_s = float(spec.get("step_s", DEFAULT_STEP_S))
+    interval = max(0.05, float(spec.get("interval", 0.25)))
+    settle = min(0.9, max(0.0, float(spec.get("settle", DEFAULT_SETTLE))))
+    drain_timeout = float(spec.get("drain_timeout", DEFAULT_DRAIN_TIMEOUT))
+    levels = concurrencies(list(spec.get("levels") or DEFAULT_LEVELS), effective_max)
+    # Token ids, not text: the prompt's length is exact whatever the tokenizer; every request's own
+    # (SteadyLoad numbers them); the window's prompt, and as many tokens (ignore_eos) as one request
+    # got in a step's time over the window (at most the window's completion): few requests end
+    # within a step, and those of the last step are done soon after. One answer per request: little
+    # work per token on either side (a stream's is not the GPU's).
+    prompt = max(1, int(spec.get("prompt_tokens", DEFAULT_PROMPT_TOKENS)))
+    max_new = max(1, int(spec.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)))
+    rate = spec.get("request_tokens_per_s")
+    if isinstance(rate, (int, float)) and rate > 0:
+        max_new = min(max_new, max(16, round(rate * step_s)))
+    body = {
+        "input_ids": [100 + i % 1000 for i in range(prompt)],
+        "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True},
+    }
+    clients: dict[str, list[str]] = {}
+    for e in endpoints:
+        clients.setdefault(str(e["unit"]), []).append(str(e["url"]))
+    lease = drain_timeout + len(levels) * step_s + 60.0
+    summary: dict[str, Any] = {
+        "levels": levels,
+        "step_s": step_s,
+        "interval_s": interval,
+        "prompt_tokens": prompt,
+        "max_new_tokens": body["sampling_params"]["max_new_tokens"],
+        "drained": sorted(clients),
+    }
+    out: dict[str, Any] = {"measure": summary, "measure_samples": []}
+    start = host.monotonic()
+    try:
+        if clients:
+            drain = {"clients": clients, "lease": lease, "client_drain_timeout": drain_timeout, "by": BY}
+            drained = op_drain(drain, host)["clients"]
+            failed = {u: a.get("error") for u, a in drained.items() if not a.get("ok")}
+            if failed:
+                out["measure_error"] = f"could not drain the generation clients {failed}: nothing measured"
+                return out
+        idle: dict[str, Any] = {}
+
+        def quiet() -> bool:
+            got = read_metrics(inst)
+            idle.update(got.get("values") or {"error": got.get("error")})
+            return not (idle.get("num_running_reqs") or 0) and not (idle.get("num_queue_reqs") or 0)
+
+        ok, _ = host.wait(quiet, host.monotonic() + drain_timeout + 5.0)
+        if not ok:
+            out["measure_error"] = (
+                f"the instance still ran {idle.get('num_running_reqs')} requests ({idle.get('num_queue_reqs')} "
+                "queued) "
+                + ("after its clients on this host were drained" if clients else "with no client on this host")
+                + " (clients elsewhere?): nothing measured"
+            )
+            return out
+        url = instance_url(inst, "/generate")
+        for level in levels:
+            load = host.load(url, body, level, stream=False)
+            began = host.monotonic()
+            try:
+                while True:
+                    now = host.monotonic()
+                    if now - began > step_s:
+                        break
+                    got = read_metrics(inst)
+                    if now - began >= settle * step_s and "values" in got:
+                        out["measure_samples"].append({"t": round(now - start, 3), "level": level, **got["values"]})
+                    ticks = 1 + int((host.monotonic() - began) / interval)
+                    host.sleep(max(0.0, began + interval * ticks - host.monotonic()))
+            finally:
+                load.stop()
+            if load.errors:
+                summary.setdefault("load_errors", []).extend(load.errors)
+    finally:
+        if clients:
+            resumed = op_resume({"clients": clients, "by": BY}, host)["clients"]
+            failed = {u: a.get("error") for u, a in resumed.items() if not a.get("ok")}
+            if failed:
+                summary["resume_failed"] = failed  # the drain lapses by itself after its lease
+        summary["elapsed_s"] = round(host.monotonic() - start, 3)
+    return out
