@@ -186,6 +186,14 @@ class ProposalSearch:
                 "nothing was queued: the prediction assumes the clients follow the server's max "
                 "(generation_concurrency auto does)"
             )
+        occupancy = self.occupancy()
+        if occupancy < 0.95:
+            running_after *= occupancy
+            notes.append(
+                f"over the window {fmt(self.stats.running_mean, 1)} requests ran of the {fmt(self.held_before(), 1)} "
+                f"the server could hold for the clients ({occupancy:.0%}: the rest between their prefill and "
+                "decode): the prediction counts the same share of the new limit"
+            )
         factor, expected = throughput_factors(running_after, self.stats.running_mean or 0.0, self.knee, self.model)
         if self.plan.overlap and not plan.overlap:
             factor *= 1 - self.policy.overlap_off_cost
@@ -213,6 +221,23 @@ class ProposalSearch:
             plan=plan.to_dict(),
             notes=notes,
         )
+
+    def held_before(self) -> float:
+        """What the server could run for the clients over the window: the effective max, the
+        requests the KV cache held at their size, and what the clients sent, whichever is least."""
+        held = float(self.eff)
+        if self.tokens_per_request and self.plan.kv_tokens:
+            held = min(held, self.plan.kv_tokens / self.tokens_per_request)
+        if self.stats.demand_mean:
+            held = min(held, self.stats.demand_mean)
+        return max(held, 1.0)
+
+    def occupancy(self) -> float:
+        """The share of what the server could hold that ran (short requests spend part of their
+        time queued for their prefill): at most 1."""
+        if not self.stats.running_mean:
+            return 1.0
+        return min(1.0, self.stats.running_mean / self.held_before())
 
     def startup_refusals(self, changes: dict[str, list[Any]]) -> list[str]:
         """What the release would refuse at startup with the changes applied to the instance's
