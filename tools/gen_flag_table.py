@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build plugins/plugin_utils/sglang_flags.json from the per-version argparse dumps.
+"""Build plugins/plugin_utils/_flags/sglang_flags.json from the per-version argparse dumps.
 
 The dumps (one ``<version>.json`` per SGLang release, every option of
 ``python -m sglang.launch_server``) are too large to ship and carry fields the collection never
@@ -38,7 +38,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "flags"
-DEFAULT_OUTPUT = REPO_ROOT / "plugins" / "plugin_utils" / "sglang_flags.json"
+DEFAULT_OUTPUT = REPO_ROOT / "plugins" / "plugin_utils" / "_flags" / "sglang_flags.json"
 VERSION_FILE = re.compile(r"\d+\.\d+\.\d+")
 FORMAT = 1
 

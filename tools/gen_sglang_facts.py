@@ -11,7 +11,7 @@ Two steps, like ``tools/gen_flag_table.py``:
    ``tools/sglang_facts_spec.yml`` found in the release, and the order of the scheduler's start
    (target, draft, pools). Each fact carries its provenance: file and line in the release.
    Only this step needs the wheels.
-2. Without ``--from-release`` it builds ``plugins/plugin_utils/sglang_facts.json``, what the
+2. Without ``--from-release`` it builds ``plugins/plugin_utils/_releases/sglang_facts.json``, what the
    collection reads (the validator, the advisor, the monitoring), from those vendored files.
 
 ``--check`` exits 1 when the committed table (and, in step 1, a vendored file) differs from what
@@ -40,7 +40,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC = REPO_ROOT / "tools" / "sglang_facts_spec.yml"
 FACTS_DIR = REPO_ROOT / "tests" / "doubles" / "gpusim" / "src" / "gpusim" / "facts"
-TABLE = REPO_ROOT / "plugins" / "plugin_utils" / "sglang_facts.json"
+TABLE = REPO_ROOT / "plugins" / "plugin_utils" / "_releases" / "sglang_facts.json"
 VERSION_FILE = re.compile(r"\d+\.\d+\.\d+")
 FORMAT = 1
 

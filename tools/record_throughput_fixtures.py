@@ -22,7 +22,8 @@ from typing import Any
 
 import simulated_fleet as sf
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_evidence, _advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as _advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import evidence as _advice_evidence
 
 MTP = {
     "speculative_algorithm": "EAGLE",

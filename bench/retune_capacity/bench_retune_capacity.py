@@ -63,7 +63,7 @@ from _playbook import BIN, REPO, playbook  # noqa: E402
 # The collection (collections/ansible_collections/sglang_ops/fleet links to the repository root, as
 # for the unit tests), for the advisor's rule of a server at its effective max.
 sys.path.insert(0, str(REPO / "collections"))
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import window_stats  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import window_stats  # noqa: E402
 
 HOSTS = ["sglang-cap-0", "sglang-cap-1"]
 GPUS = 4

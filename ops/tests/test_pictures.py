@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from sglang_fleet_ops import pictures
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ Two uses (documentation: plugins/modules/advise.py):
 
 * per host, with ``instances``: runs the observe phase on the host (``sglang_ops.fleet.advise_observe``,
   the agent's ``observe``), or reads the metrics from Prometheus when ``prometheus_url`` is set,
-  then the pure advisor (``plugin_utils/_advisor.py``) per instance;
+  then the pure advisor (``plugin_utils/_advisor/diagnose.py``) per instance;
 * once, with ``results`` (every host's result of the first use): the fleet report, and the patch
   file written on the controller at ``output``.
 """
@@ -22,14 +22,12 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import (
-    _advice_evidence,
-    _advice_patch,
-    _advice_report,
-    _advisor,
-    _prometheus,
-)
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as _advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import evidence as _advice_evidence
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import patch as _advice_patch
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import report as _advice_report
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 
 display = Display()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._run_identity import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.run_identity import (
     controller_identity,
     holder_is_dead_here,
 )

@@ -11,8 +11,8 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Retune
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import ARGUMENT_SPEC, Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import ARGUMENT_SPEC, Options
 
 display = Display()
 

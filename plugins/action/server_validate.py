@@ -10,8 +10,11 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import (
+    HOST_VARIABLES,
+    resolve_instances,
+)
 
 display = Display()
 

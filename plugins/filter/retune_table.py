@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_decide import flag_changes
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import flag_changes
 
 DOCUMENTATION = r"""
 name: retune_table
@@ -74,7 +74,7 @@ def note_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 
 def capacity_cell(inst: Mapping[str, Any], before: Any, after: Any) -> str:
-    """``before -> after``; in check mode the predicted after (``_retune_predict``), or ``-`` with
+    """``before -> after``; in check mode the predicted after (``_retune.predict``), or ``-`` with
     why there is none in one word (``16 -> - (journal)``)."""
     if after is None and inst.get("predicted_effective_max_running_requests") is not None:
         after = inst["predicted_effective_max_running_requests"]

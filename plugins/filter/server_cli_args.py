@@ -60,11 +60,11 @@ from typing import Any  # noqa: E402
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import (  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import (  # noqa: E402
     ServerArgsError,
     validate_args,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import render_cli_args  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import render_cli_args  # noqa: E402
 
 display = Display()
 

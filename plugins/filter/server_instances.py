@@ -51,8 +51,8 @@ from typing import Any  # noqa: E402
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError  # noqa: E402
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import (  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError  # noqa: E402
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import (  # noqa: E402
     HOST_VARIABLES,
     resolve_instances,
 )

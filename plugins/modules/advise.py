@@ -127,7 +127,7 @@ options:
     default: {}
   policy:
     description:
-      - Overrides of the advisor's thresholds and limits (C(plugin_utils/_advice_types.py) C(Policy); see
+      - Overrides of the advisor's thresholds and limits (C(plugin_utils/_advisor/vocabulary.py) C(Policy); see
         C(docs/advisor.md)), for example C(max_mem_fraction_static=0.9) or C(saturation_batch_tokens=512).
     type: dict
     default: {}

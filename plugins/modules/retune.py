@@ -4,7 +4,7 @@
 # Documentation of the sglang_ops.fleet.retune action plugin (the work is done on the controller
 # by plugins/action/retune.py, which runs sglang_ops.fleet.retune_phase on the host).
 # ansible-doc reads this YAML as text; the options' names, types and defaults are those of the
-# option table (plugins/plugin_utils/_retune_options.py), as a unit test checks.
+# option table (plugins/plugin_utils/_retune/options.py), as a unit test checks.
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_collection_artifact_is_clean(tmp_path: Path) -> None:
         "plugins/action/retune.py",
         "plugins/modules/retune.py",
         "plugins/module_utils/agent/ops.py",
-        "plugins/plugin_utils/sglang_flags.json",
+        "plugins/plugin_utils/_flags/sglang_flags.json",
         "roles/server/tasks/main.yml",
         "roles/generation/tasks/main.yml",
         "client/pyproject.toml",

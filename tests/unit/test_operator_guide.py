@@ -14,10 +14,10 @@ GUIDE = REPO / "docs" / "operator-guide.md"
 # Where the messages of a retune come from: the controller side, the host agent, the lock, the
 # modules and actions, the start guard, and retune.yml itself.
 SOURCES = [
-    REPO / "plugins" / "plugin_utils" / "_retune.py",
-    REPO / "plugins" / "plugin_utils" / "_retune_decide.py",
-    REPO / "plugins" / "plugin_utils" / "_retune_record.py",
-    REPO / "plugins" / "plugin_utils" / "_retune_clients.py",
+    REPO / "plugins" / "plugin_utils" / "_retune" / "flow.py",
+    REPO / "plugins" / "plugin_utils" / "_retune" / "decide.py",
+    REPO / "plugins" / "plugin_utils" / "_retune" / "record.py",
+    REPO / "plugins" / "plugin_utils" / "_retune" / "clients.py",
     REPO / "roles" / "retune" / "tasks" / "validate.yml",
     REPO / "plugins" / "module_utils" / "_host_lock.py",
     REPO / "roles" / "server" / "files" / "sglang-fleet-start-guard",

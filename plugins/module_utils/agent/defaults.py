@@ -2,7 +2,7 @@
 # Apache License 2.0 (see LICENSE)
 """What the agent assumes for a request key the controller left out.
 
-The controller always sends these (the retune's option table, plugins/plugin_utils/_retune_options.py,
+The controller always sends these (the retune's option table, plugins/plugin_utils/_retune/options.py,
 is where each is defined); a unit test checks that these fallbacks equal the table's defaults, so
 a request made by hand behaves as a retune would.
 """

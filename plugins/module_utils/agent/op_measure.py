@@ -3,7 +3,7 @@
 """The advisor's stepped measurement (opt-in, part of ``observe``): a few seconds of the agent's
 own requests at a few concurrencies against each named instance, its ``/metrics`` sampled all
 along, so that the controller can fit the instance's decode step time against its running
-requests where the window did not vary them (``plugin_utils/_advice_throughput.py``).
+requests where the window did not vary them (``plugin_utils/_advisor/throughput.py``).
 
 The host's generation clients that send to the instance are drained first (the retune's drain:
 nothing new is sent there, requests in flight get ``drain_timeout`` seconds, the rest go

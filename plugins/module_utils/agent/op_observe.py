@@ -11,7 +11,7 @@ usage, generation throughput and tokens). nvidia-smi's memory.used of every GPU 
 same ticks. With ``client_units``, the generation clients of the host that answer on their control
 socket say, at the end of the window, what they send to each instance and whether their
 concurrency follows the server's. It returns the raw observations; the controller classifies them
-(``plugin_utils/_advisor.py``).
+(``plugin_utils/_advisor/diagnose.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .op_measure import measure_instance, workload_shape
 from .systemd import identity
 
 # The scheduler's startup lines the advisor reads (the controller sends the same expression as
-# ``journal_pattern``: plugin_utils/_model_facts.py JOURNAL_PATTERN).
+# ``journal_pattern``: plugin_utils/_capacity/model_facts.py JOURNAL_PATTERN).
 JOURNAL_PATTERN = (
     "Load weight begin|Load weight end|Mamba Cache is allocated|KV Cache is allocated|"
     "max_total_num_tokens=|max_running_requests is capped|max_running_requests was reduced"

@@ -18,11 +18,17 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings import compare_server_info
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import deployment_fields
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import SWITCH, load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import LAUNCH_MODULE, expected_server_info
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import SWITCH, load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.deploy import deployment_fields
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import (
+    LAUNCH_MODULE,
+    expected_server_info,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import (
+    HOST_VARIABLES,
+    resolve_instances,
+)
 
 INVENTORY = Path(__file__).resolve().parents[3] / "inventories" / "example" / "hosts.yml"
 

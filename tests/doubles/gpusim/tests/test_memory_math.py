@@ -160,6 +160,28 @@ def test_qwen36_mtp_b200_mamba_200_gives_40():
     assert p.kv_tokens > 80
 
 
+def test_v9_mtp_draft_loads_after_the_target_pools():
+    # 0.5.9 builds the target's worker, pools and CUDA graphs included, before the draft's
+    # (managers/scheduler.py:563-565; facts/0.5.9.json scheduler_start): the target's pool is sized
+    # from its own weights and layers (model_runner_kv_cache_mixin.py:124-141), and the draft then
+    # loads into what is left, with a one-layer pool of the same #tokens (:402-403). The figures are
+    # the golden journal's (tests/unit/fixtures/journals/0.5.9-qwen3.6-27b-mtp.yml).
+    argv = [*SPEC, "--max-mamba-cache-size", "80", "--mamba-full-memory-ratio", "0.4"]
+    argv += ["--mem-fraction-static", "0.857", "--max-running-requests", "48"]
+    _, p, inp = plan("0.5.9", B200, argv, "qwen3.6-27b")
+    assert round(p.weights_gib, 2) == 51.80
+    assert p.kv_tokens == 498658 and round(p.k_gib, 2) == 15.22
+    assert memory.draft_after_target_pools(inp)
+    assert round(p.late_draft_weights_gib, 2) == 0.85 and round(p.late_draft_k_gib, 2) == 0.95
+    assert round(p.avail_after_graph_gib(), 2) == 23.26
+    assert round(p.avail_after_graph_gib() - p.late_draft_weights_gib, 2) == 22.41
+    assert p.final_mib == p.context_mib + p.weights_mib + p.pools_mib + p.graph_mib + p.late_draft_mib
+    # 0.5.14+ load the draft first: its weights before the pools, its layer in each token's cell.
+    _, p14, inp14 = plan("0.5.14", B200, argv, "qwen3.6-27b")
+    assert not memory.draft_after_target_pools(inp14)
+    assert round(p14.weights_gib, 2) == 52.65 and p14.late_draft_mib == 0
+
+
 def test_qwen36_slot_size():
     _, prof, _ = setup("0.5.23", B200, [], "qwen3.6-27b")
     conv, ssm = prof.mamba_per_req_bytes(None)

@@ -19,8 +19,8 @@ from simulated_instance import B200, MTP_AND_80_SLOTS, SIM_B200_JOURNAL
 from ansible_collections.sglang_ops.fleet.plugins.action import advise as advise_action
 from ansible_collections.sglang_ops.fleet.plugins.action.advise import ARGUMENT_SPEC, ActionModule
 from ansible_collections.sglang_ops.fleet.plugins.modules import advise as advise_doc
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_instances
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import resolve_instances
 
 # inventories/demo/first_tuning.yml: the 7 x B200 run before its retune.
 HOST_ARGS = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3"}

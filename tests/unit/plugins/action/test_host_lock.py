@@ -14,7 +14,7 @@ import pytest
 from ansible.playbook.task import Task
 
 from ansible_collections.sglang_ops.fleet.plugins.action.host_lock import ActionModule
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._run_identity import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.run_identity import (
     controller_identity,
     holder_is_dead_here,
 )
@@ -54,7 +54,7 @@ def test_a_holder_is_dead_only_if_it_ran_here_and_its_process_is_gone() -> None:
 
 def test_without_procfs_only_a_gone_pid_is_dead(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A controller without /proc (macOS) has no start times: a live holder is never taken over."""
-    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _run_identity  # noqa: PLC0415
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import run_identity as _run_identity  # noqa: PLC0415
 
     monkeypatch.setattr(_run_identity, "PROC_SELF", str(tmp_path / "no-proc"))
     me = dict(controller_identity(60, pid=os.getpid()), controller_pid_starttime=None)

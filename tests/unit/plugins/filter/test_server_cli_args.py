@@ -15,7 +15,7 @@ from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_cli_args as cli_filter
 from ansible_collections.sglang_ops.fleet.plugins.filter import server_instances as instances_filter
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import load_table
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 

@@ -1,4 +1,4 @@
-"""The advisor's throughput model (plugin_utils/_advice_throughput.py): the step time fitted to
+"""The advisor's throughput model (plugin_utils/_advisor/throughput.py): the step time fitted to
 what an instance showed, its fallback, and its predictions against what was measured - the real
 RTX PRO 6000 run's figures, and the simulator's after each proposal of the four diagnosis
 scenarios and the demo fleet (recorded by tools/record_throughput_fixtures.py)."""
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_evidence, _advisor
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as _advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import evidence as _advice_evidence
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (
     EXPONENT,
     MEASUREMENT,
     WINDOW,

@@ -1,4 +1,4 @@
-"""The tuning advisor (plugin_utils/_advisor.py): the diagnoses on synthetic observations, the
+"""The tuning advisor (plugin_utils/_advisor/diagnose.py): the diagnoses on synthetic observations, the
 7 x B200 case of the real generation run, and every proposal checked against the simulator's
 memory math (tests/doubles/gpusim memory.py, through tests/unit/plugins/support/simulated_instance.py:
 the proposed settings start and give the predicted effective max running requests)."""
@@ -14,11 +14,11 @@ import pytest
 import yaml
 from simulated_instance import B200, FIRST_TUNING, H200, simulate
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_patch as advice_patch
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advice_report as advice_report
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _advisor as advisor
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_host
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as advisor
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import patch as advice_patch
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import report as advice_report
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import resolve_host
 
 # FIRST_TUNING (simulated_instance): the 7 x B200 run's first tuning.
 # inventories/example/host_vars/b200-node.yml: the retune the run made.

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     BOOLOPT,
     LIST,
     OPTIONAL,
@@ -23,7 +23,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table impor
     load_table,
     supported_versions,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import render_cli_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import render_cli_args
 
 SCALARS: dict[str, tuple[Any, Any]] = {
     # converter: (value given, value the parser must produce)

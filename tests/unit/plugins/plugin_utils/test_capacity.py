@@ -1,4 +1,4 @@
-"""SGLang's memory arithmetic (plugin_utils/_capacity*.py) against the worked examples of the
+"""SGLang's memory arithmetic (plugin_utils/_capacity/) against the worked examples of the
 reference (SGLang's memory math, §6 of the SGLang reference the collection was written from,
 copied here), and against the simulator's own implementation (tests/doubles/gpusim memory.py) on
 its model profiles (simulated(): tests/unit/plugins/support/simulated_instance.py). Only tests import
@@ -12,12 +12,7 @@ from typing import Any
 import pytest
 from simulated_instance import B200, H200, RTX_PRO_6000, simulated
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import (
-    mamba_family,
-    plan_capacity,
-    predict_effective_max_running_requests,
-)
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.defaults import (
     auto_chunked_prefill_size,
     auto_decode_max_bs,
     default_mem_fraction_static,
@@ -25,8 +20,13 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_default
     reserved_mib,
     resolve_strategy,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, ModelFacts, Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import supported_versions
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, ModelFacts, Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import (
+    mamba_family,
+    plan_capacity,
+    predict_effective_max_running_requests,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import supported_versions
 from gpusim import memory, profiles
 
 # SGLang's memory math, §6.1 "Worked defaults with tp=1 and no spec ((G - reserved)/G)":
@@ -310,7 +310,10 @@ def test_predict_is_the_plan() -> None:
 def facts_of(profile: profiles.ModelProfile, inp: memory.MemoryInputs) -> ModelFacts:
     conv, ssm = profile.mamba_per_req_bytes(inp.mamba_ssm_dtype, inp.tp_size)
     kv_heads = max(1, profile.num_kv_heads // inp.tp_size)
-    layers = profile.attention_layers + (profile.draft_layers if inp.spec_mtp else 0)
+    # What the target's lines say: its cell counts the draft's layer where the draft loads before the
+    # pools (0.5.14+); on 0.5.9 the draft loads after them, into a pool of its own.
+    draft_first = inp.spec_mtp and not memory.draft_after_target_pools(inp)
+    layers = profile.attention_layers + (profile.draft_layers if draft_first else 0)
     cell = kv_heads * (profile.head_dim + (profile.v_head_dim or profile.head_dim)) * layers * profile.kv_dtype_bytes
     return ModelFacts(
         hybrid=profile.is_hybrid,

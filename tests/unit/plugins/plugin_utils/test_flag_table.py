@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _flag_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags import table as _flag_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     BOOLOPT,
     LIST,
     OPTIONAL,

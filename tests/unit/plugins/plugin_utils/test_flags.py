@@ -1,5 +1,5 @@
 """Settings for one SGLang version: names, values, checks, rendering and /server_info expectations
-(_flag_names, _flag_values, _flag_checks, _render)."""
+(_flags.names, _flags.values, _flags.checks, _instances.render)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError, validate_args
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import parse_human_readable_int
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError, validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.values import parse_human_readable_int
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import (
     expected_server_info,
     render_cli_args,
 )

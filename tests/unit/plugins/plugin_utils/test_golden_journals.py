@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import plan_capacity
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import derive_model_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import derive_model_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import plan_capacity
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 JOURNALS = REPO_ROOT / "tests" / "unit" / "fixtures" / "journals"

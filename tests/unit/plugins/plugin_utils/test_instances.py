@@ -1,5 +1,5 @@
 """Instances of a host: layout, layers, environment, unchecked flags, versions and the one
-ResolvedInstance (_instances, _layout, _deploy)."""
+ResolvedInstance (_instances.resolve, _instances.layout, _instances.deploy)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ from ansible.template import Templar
 from ansible_collections.sglang_ops.fleet.plugins.action.server_validate import ActionModule
 from ansible_collections.sglang_ops.fleet.plugins.filter.server_instances import server_instances
 from ansible_collections.sglang_ops.fleet.plugins.modules import server_validate as server_validate_doc
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import LAUNCHER
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import (
-    ResolvedInstance,
-    resolve_host,
-    resolve_instances,
-)
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.deploy import LAUNCHER
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import (
     expected_server_info,
     fingerprint,
     unchecked_cli_words,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import (
+    ResolvedInstance,
+    resolve_host,
+    resolve_instances,
 )
 
 # --------------------------------------------------------------------------------------------------

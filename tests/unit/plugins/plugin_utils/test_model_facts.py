@@ -1,4 +1,4 @@
-"""Model facts from a running instance's evidence (plugin_utils/_model_facts.py): the startup-line
+"""Model facts from a running instance's evidence (plugin_utils/_capacity/model_facts.py): the startup-line
 parsers on lines copied from the SGLang reference (§5, "Log lines"), and the facts derived from
 what the simulator prints and serves for the 7 x B200 run's first tuning."""
 
@@ -9,9 +9,8 @@ import re
 import pytest
 from simulated_instance import B200, SIM_B200_JOURNAL, SIM_B200_SERVER_INFO
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import plan_capacity
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import (
     JOURNAL_PATTERN,
     KVCacheLine,
     LoadWeightEnd,
@@ -26,6 +25,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts impo
     parse_scheduler_summary,
     parse_startup_lines,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import plan_capacity
 
 # SGLang reference §5, "Startup lines in order" and "Exact templates" (the prefix [time TP0] as
 # §5's formatting describes; the "..." of the reference filled with numbers of the same form).

@@ -1,4 +1,4 @@
-"""Reading an instance's metrics from Prometheus (plugin_utils/_prometheus.py) against a fake
+"""Reading an instance's metrics from Prometheus (plugin_utils/_advisor/prometheus.py) against a fake
 Prometheus HTTP API on a local port: the range queries it makes and the samples it builds."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _prometheus
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import window_stats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import window_stats
 
 
 class FakePrometheus:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import supported_versions
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import resolve_host
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import supported_versions
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import resolve_host
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import (
     FACTS_PATH,
     known_releases,
     release_facts,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Retune, plan_waves
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_decide import decide
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import decide
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Retune, plan_waves
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
 
 ARGV_OLD = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-mamba-cache-size", "80"]
 ARGV_NEW = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-mamba-cache-size", "200"]

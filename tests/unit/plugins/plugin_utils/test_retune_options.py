@@ -15,8 +15,8 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.sglang_ops.fleet.plugins.action import retune as retune_action
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.defaults import DEFAULTS, OPTION_NAMES
 from ansible_collections.sglang_ops.fleet.plugins.modules import retune as retune_doc
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils import _retune
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import flow as _retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import (
     AGENT,
     BY_NAME,
     OPTIONS,

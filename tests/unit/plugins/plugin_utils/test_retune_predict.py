@@ -1,5 +1,5 @@
 """retune.yml --check predicts the effective max running requests after a relaunch
-(plugin_utils/_retune_predict.py): the model facts of the running instance (its startup journal
+(plugin_utils/_retune/predict.py): the model facts of the running instance (its startup journal
 lines, read by the inspect phase in check mode, and /server_info) and SGLang's memory math. The
 instance's evidence is what the GPU simulator prints and serves (``simulate`` of
 tests/unit/plugins/support/simulated_instance.py), so a prediction is checked against what the
@@ -11,8 +11,8 @@ from typing import Any
 
 from simulated_instance import B200, FIRST_TUNING, simulate
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import Options, Retune
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_predict import predict_after
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Options, Retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.predict import predict_after
 
 NEW = {
     **FIRST_TUNING,

@@ -1,4 +1,4 @@
-"""The controller-side resolution applies exactly the server role's defaults (_role_defaults)."""
+"""The controller-side resolution applies exactly the server role's defaults (_instances.role_defaults)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from typing import Any
 
 import yaml
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import LIBEXEC
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances import HOST_VARIABLES, resolve_instances
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._role_defaults import ROLE_DEFAULTS
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.deploy import LIBEXEC
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import (
+    HOST_VARIABLES,
+    resolve_instances,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS
 
 ROLE = Path(__file__).resolve().parents[4] / "roles" / "server"
 

@@ -15,7 +15,7 @@ import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from cli_tools import cli
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import (
     ARGUMENT_SPEC,
     OPTIONS,
     ROLE,
@@ -207,4 +207,4 @@ def test_the_collection_artifact_carries_the_role(tmp_path: Path) -> None:
         names = set(tar.getnames())
     role_files = {str(p.relative_to(ROLE_DIR.parents[1])) for p in ROLE_DIR.rglob("*") if p.is_file()}
     assert role_files <= names
-    assert "plugins/plugin_utils/_retune_options.py" in names
+    assert "plugins/plugin_utils/_retune/options.py" in names

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpusim import release_facts
 from gpusim.profiles import ModelProfile
 from gpusim.versions import Version
 
@@ -68,6 +69,11 @@ class MemoryPlan:
     graph_mib: int = 0
     warnings: list[str] = field(default_factory=list)
     context_mib: int = 512
+    # 0.5.9 with MTP: the draft's weights and its one-layer KV pool, loaded after the target's pools
+    # and CUDA graphs (zero where the draft loads before the pools and is counted above).
+    late_draft_weights_gib: float = 0.0
+    late_draft_k_gib: float = 0.0
+    late_draft_v_gib: float = 0.0
 
     @property
     def mamba_gib(self) -> float:
@@ -86,8 +92,12 @@ class MemoryPlan:
         return round(self.weights_gib * 1024)
 
     @property
+    def late_draft_mib(self) -> int:
+        return round((self.late_draft_weights_gib + self.late_draft_k_gib + self.late_draft_v_gib) * 1024)
+
+    @property
     def final_mib(self) -> int:
-        return self.context_mib + self.weights_mib + self.pools_mib + self.graph_mib
+        return self.context_mib + self.weights_mib + self.pools_mib + self.graph_mib + self.late_draft_mib
 
     def avail_after_pools_gib(self) -> float:
         return self.avail_after_weights_gib - self.mamba_gib - self.kv_gib
@@ -95,11 +105,29 @@ class MemoryPlan:
     def avail_after_graph_gib(self) -> float:
         return self.avail_after_pools_gib() - self.graph_mib / 1024.0
 
+    def avail_after_late_draft_gib(self) -> float:
+        """What is free once every runner is up: the scheduler's ``available_gpu_mem``."""
+        return self.avail_after_graph_gib() - self.late_draft_mib / 1024.0
+
+
+def draft_weights_gib(inp: MemoryInputs) -> float:
+    return inp.profile.draft_weights_gib / inp.tp_size if inp.spec_mtp else 0.0
+
+
+def draft_after_target_pools(inp: MemoryInputs) -> bool:
+    """Whether the draft model (MTP) loads after the target's pools and CUDA graphs, out of what
+    they leave (0.5.9: managers/scheduler.py:563-565 builds the target's worker, pools included,
+    before the draft's), rather than before the pools are sized (0.5.14+); facts/<version>.json
+    ``scheduler_start``."""
+    return draft_weights_gib(inp) > 0 and not release_facts.draft_before_target_pools(inp.version)
+
 
 def weights_gib(inp: MemoryInputs) -> float:
+    """The weights loaded before the target's pools are sized: the target's, and the draft's where
+    it loads first."""
     w = inp.profile.weights_gib / inp.tp_size
-    if inp.spec_mtp:
-        w += inp.profile.draft_weights_gib / inp.tp_size
+    if not draft_after_target_pools(inp):
+        w += draft_weights_gib(inp)
     return w
 
 
@@ -229,7 +257,11 @@ def plan(inp: MemoryInputs) -> MemoryPlan:
 
     kv_heads = max(1, prof.num_kv_heads // inp.tp_size)
     v_dim = prof.v_head_dim or prof.head_dim
-    layers = prof.attention_layers + (prof.draft_layers if inp.spec_mtp else 0)
+    late_draft = draft_after_target_pools(inp)
+    # 0.5.14+ size the target's pool with the draft's layers in each token's cell; 0.5.9 sizes it
+    # with the target's own layers (model_runner_kv_cache_mixin.py:124-141) and the draft then
+    # takes the same #tokens for its own pool (:402-403).
+    layers = prof.attention_layers + (prof.draft_layers if inp.spec_mtp and not late_draft else 0)
     cell = kv_heads * (prof.head_dim + v_dim) * layers * prof.kv_dtype_bytes
     tokens = int(rest * GIB) // cell
     if inp.max_total_tokens is not None:
@@ -246,6 +278,10 @@ def plan(inp: MemoryInputs) -> MemoryPlan:
     p.kv_tokens = tokens
     p.k_gib = tokens * kv_heads * prof.head_dim * layers * prof.kv_dtype_bytes / GIB
     p.v_gib = tokens * kv_heads * v_dim * layers * prof.kv_dtype_bytes / GIB
+    if late_draft:
+        p.late_draft_weights_gib = draft_weights_gib(inp)
+        p.late_draft_k_gib = tokens * kv_heads * prof.head_dim * prof.draft_layers * prof.kv_dtype_bytes / GIB
+        p.late_draft_v_gib = tokens * kv_heads * v_dim * prof.draft_layers * prof.kv_dtype_bytes / GIB
 
     estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
     if v.family < 14:
@@ -289,9 +325,10 @@ def plan(inp: MemoryInputs) -> MemoryPlan:
 
 
 def check_headroom(inp: MemoryInputs, p: MemoryPlan) -> StartupError | None:
-    """The activation/graph working set must fit outside the static pool, or CUDA runs out."""
+    """The activation/graph working set (and a draft loaded after the pools) must fit outside the
+    static pool, or CUDA runs out."""
     headroom_mib = inp.total_mib * (1 - inp.mem_fraction_static)
-    need_mib = inp.profile.activation_reserve_mib + p.graph_mib
+    need_mib = inp.profile.activation_reserve_mib + p.graph_mib + p.late_draft_mib
     if need_mib <= headroom_mib:
         return None
     in_use = (p.final_mib) / 1024.0

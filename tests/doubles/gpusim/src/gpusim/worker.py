@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpusim import driver, memory, proctitle, procutil, registry, release_facts
+from gpusim import driver, memory, proctitle, procutil, registry
 from gpusim.channel import Channel
 from gpusim.logutil import Logger
 from gpusim.profiles import ModelProfile
@@ -183,12 +183,14 @@ class Scheduler:
             self._wait_until(0.7)
             raise failure
         dtype = f"dtype=torch.{prof.torch_dtype}, " if self.version.load_weight_has_dtype else ""
-        # With MTP on 0.5.14+ the draft model has its own runner, loaded before the target's pools
-        # are sized (facts/<version>.json scheduler_start; 0.5.23 managers/scheduler.py:1128-1137):
-        # the target's weight lines, then the draft's, then the pools.
-        draft_w = prof.draft_weights_gib / max(1, inp.tp_size) if inp.spec_mtp else 0.0
+        # With MTP the draft model has its own runner (facts/<version>.json scheduler_start). On
+        # 0.5.14+ it loads before the target's pools are sized (0.5.23 managers/scheduler.py:1128-1137):
+        # the target's weight lines, then the draft's, then the pools. On 0.5.9 it loads after the
+        # target's pools and CUDA graphs (managers/scheduler.py:563-565), out of what they leave.
+        draft_w = memory.draft_weights_gib(inp)
         draft_layers = prof.draft_layers if inp.spec_mtp else 0
-        split = draft_w > 0 and release_facts.draft_before_target_pools(self.version)
+        late = memory.draft_after_target_pools(inp)
+        split = draft_w > 0 and not late
         target_w = plan.weights_gib - draft_w if split else plan.weights_gib
         self.log.info(
             f"Load weight end. elapsed={0.5 * self.startup_s:.2f} s, type={prof.architectures[0]}, {dtype}"
@@ -241,7 +243,7 @@ class Scheduler:
             if oom:
                 raise oom
             self._wait_until(0.95)
-            self._set_mib(plan.final_mib)
+            self._set_mib(plan.final_mib - plan.late_draft_mib)
             self.log.info(
                 f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
                 f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
@@ -250,12 +252,27 @@ class Scheduler:
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
+        if late:
+            # 0.5.9: the draft's runner (speculative/eagle_worker.py, is_draft_worker): its weights,
+            # then its one-layer pool with the target's #tokens (model_runner_kv_cache_mixin.py:402-403).
+            free = plan.avail_after_graph_gib()
+            self.log.info(f"Load weight begin. avail mem={free:.2f} GB")
+            self.log.info(
+                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
+                f"avail mem={free - draft_w:.2f} GB, mem usage={draft_w:.2f} GB."
+            )
+            self.log.info(
+                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.late_draft_k_gib:.2f} GB, "
+                f"V size: {plan.late_draft_v_gib:.2f} GB"
+            )
+            self.log.info(f"Memory pool end. avail mem={plan.avail_after_late_draft_gib():.2f} GB")
+            self._set_mib(plan.final_mib)
         self._wait_until(1.0)
         for w_msg in plan.warnings:
             if "max_total_tokens=" not in w_msg and "max_running_requests" not in w_msg and rank0:
                 self.log.warning(w_msg)
         # The free memory once the pools and CUDA graphs exist (0.5.23 managers/scheduler.py:1262-1276).
-        avail_report = plan.avail_after_graph_gib()
+        avail_report = plan.avail_after_late_draft_gib()
         if rank0:
             a = spec["args_for_log"]
             self.log.info(

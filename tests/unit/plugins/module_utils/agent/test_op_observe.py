@@ -13,7 +13,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_o
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 
 # SGLang reference §4, "Exposition sample (v23)" (the long label sets split over string literals).
 EXPOSITION = "\n".join(

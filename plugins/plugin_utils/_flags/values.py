@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     BOOLOPT,
     LIST,
     OPTIONAL,

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import predict_effective_max_running_requests
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings, release_tuple
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import derive_model_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings, release_tuple
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import derive_model_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import (
+    predict_effective_max_running_requests,
+)
 
 # Why there is no prediction, in one word (the summary table shows it after "-").
 DOWN = "down"  # not running: no facts of a current run

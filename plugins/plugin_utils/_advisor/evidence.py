@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
 
 # Settings read from /server_info as SGLang resolved them, except those SGLang itself changes
 # while resolving (they are derived again from what was asked).

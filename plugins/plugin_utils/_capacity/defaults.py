@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings, at_least
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings, at_least
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import startup_refusals
 
 # Speculative algorithms that reset an unset --max-running-requests to 48 (all releases).
 SPEC_RESETS_MRR = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "NGRAM"})

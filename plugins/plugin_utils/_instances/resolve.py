@@ -1,10 +1,10 @@
 """Resolved instances: what one host's variables make of each of its SGLang instances.
 
 :func:`resolve_host` is the one producer of :class:`ResolvedInstance`. It reads the host's
-variables (:data:`HOST_VARIABLES`), applies the role's defaults (:mod:`._role_defaults`) and the
-instance layout (:mod:`._layout`), merges and checks the settings layers (:mod:`._flag_checks`),
-renders argv and environment (:mod:`._render`) and adds what the unit and the retune need
-(:mod:`._deploy`). :func:`resolve_instances` is the same list as mappings: what the
+variables (:data:`HOST_VARIABLES`), applies the role's defaults (:mod:`_instances.role_defaults`) and the
+instance layout (:mod:`_instances.layout`), merges and checks the settings layers (:mod:`_flags.checks`),
+renders argv and environment (:mod:`_instances.render`) and adds what the unit and the retune need
+(:mod:`_instances.deploy`). :func:`resolve_instances` is the same list as mappings: what the
 ``server_validate`` action registers and sets as a fact, what the ``server_instances`` filter
 returns, and what the server role's templates, the desired-settings record and the retune read.
 """
@@ -17,17 +17,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._deploy import DEPLOY_VARIABLES, deployment_fields
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import (
     Checked,
     ServerArgsError,
     check_items,
     merge_layers,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_names import resolve_name
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import FlagTable, load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import describe, plain
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.names import resolve_name
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import FlagTable, load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.values import describe, plain
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.deploy import (
+    DEPLOY_VARIABLES,
+    deployment_fields,
+)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.layout import (
     LAYOUT_OWNED,
     TP_SIZE,
     Layout,
@@ -37,13 +40,13 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._layout import (
     is_int,
     parallel_problem,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import startup_refusals
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import (
     LAUNCH_MODULE,
     env_value,
     render_cli_args,
     unchecked_cli_words,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import startup_refusals
 
 # The host variables resolve_host reads; callers pass just these (templating others is wasted work).
 HOST_VARIABLES: tuple[str, ...] = (
@@ -369,7 +372,7 @@ def resolve_host(hostname: str, hostvars: Mapping[str, Any]) -> list[ResolvedIns
     ``sglang_server_base_port + i``) or the explicit ``sglang_server_instances``, merges the
     settings layers (``sglang_server_args`` < ``sglang_server_host_args`` < instance ``args``,
     likewise for env and args_unchecked; null removes), checks all of it and adds the deployment
-    fields (:func:`._deploy.deployment_fields`). Raises :class:`ServerArgsError` listing every
+    fields (:func:`_instances.deploy.deployment_fields`). Raises :class:`ServerArgsError` listing every
     problem of the host.
     """
     problems: list[str] = []

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import Checked
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import describe, plain
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._role_defaults import ROLE_DEFAULTS
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import Checked
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.values import describe, plain
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS
 
 # Settings the instance layout writes; users set the variable named here instead.
 LAYOUT_OWNED: Mapping[str, str] = {

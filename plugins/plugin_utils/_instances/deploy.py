@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import version_key
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._render import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import version_key
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render import (
     expected_server_info,
     fingerprint,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._role_defaults import ROLE_DEFAULTS
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS
 
 # The role's _sglang_server_libexec (roles/server/vars/main.yml), where it installs the launcher;
 # tests/unit/plugins/plugin_utils/test_role_defaults.py holds the two equal.

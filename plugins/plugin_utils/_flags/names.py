@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     REJECTED,
     Flag,
     FlagTable,

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import ThroughputModel
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import ThroughputModel
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
 
 MAMBA_BOUND = "mamba-bound"
 KV_BOUND = "kv-bound"
@@ -45,7 +45,7 @@ class Policy:
     # The expected throughput: running requests x r give throughput x r ** this (a run measured:
     # 32 -> 72 running requests per RTX PRO 6000, 670 -> 1180 tok/s per GPU: 1.76 = 2.25 ** 0.70).
     scaling_exponent: float = 0.7
-    # The measured model (_advice_throughput): the running requests of the window (or of the
+    # The measured model (throughput.py): the running requests of the window (or of the
     # measurement) must span at least this ratio (highest / lowest level) to fit the step time.
     fit_min_spread: float = 1.5
     fit_min_r2: float = 0.9  # a fit whose step times stray further from a straight line is not used
@@ -66,7 +66,7 @@ class Proposal:
     throughput_before: float | None = None
     throughput_after: float | None = None
     throughput_factor_expected: float | None = None  # the measured model's, else Policy.scaling_exponent's
-    throughput_model: dict[str, Any] | None = None  # _advice_throughput.ThroughputModel.to_dict()
+    throughput_model: dict[str, Any] | None = None  # throughput.ThroughputModel.to_dict()
     plan: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -100,7 +100,7 @@ class InstanceAdvice:
     problems: list[str] = field(default_factory=list)
     model_check: bool | None = None
     drift: dict[str, list[Any]] = field(default_factory=dict)  # setting -> [the inventory's, the running]
-    series: dict[str, list[Any]] = field(default_factory=dict)  # _advice_window.window_series (the pictures)
+    series: dict[str, list[Any]] = field(default_factory=dict)  # window.window_series (the pictures)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,7 +148,7 @@ def throughput_factors(
 ) -> tuple[float, float]:
     """(at most, expected): the throughput factor of running ``running_after`` requests rather than
     ``running_before`` - proportional up to the knee (memory-bound decode, an upper bound), and
-    the instance's measured step-time curve (:mod:`._advice_throughput`; its fallback, the
+    the instance's measured step-time curve (:mod:`.throughput`; its fallback, the
     policy's exponent, counts up to the knee too)."""
     ratio = min(running_after, decode_knee) / min(max(running_before, 1e-9), decode_knee)
     if model.fitted:

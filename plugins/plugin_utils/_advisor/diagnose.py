@@ -25,7 +25,7 @@ Diagnoses (per instance, over the observed window):
 
 Throughput model, stated in every prediction: *expected* is read off the instance's own decode
 step time as a function of its running requests, fitted to its window or to the opt-in stepped
-measurement (:mod:`._advice_throughput`), else the documented exponent; *at most* is throughput
+measurement (:mod:`.throughput`), else the documented exponent; *at most* is throughput
 proportional to running requests up to ``saturation_batch_tokens`` tokens per decode step (running
 requests x ``speculative_num_draft_tokens`` with speculative decoding, else 1), an upper bound.
 """
@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import (
     Evidence,
     current_settings,
     running_drift,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_search import ProposalSearch, client_proposal
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import instance_model
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.search import ProposalSearch, client_proposal
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import instance_model
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     CLIENT_BOUND,
     COMPUTE_BOUND,
     DIAGNOSES,
@@ -58,19 +58,19 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types imp
     step_tokens,
     yaml_scalar,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import (
     WindowStats,
     window_series,
     window_stats,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._model_facts import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import (
     FactsResult,
     derive_model_facts,
     internal_state,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import release_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import CapacityPlan, plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import release_facts
 
 # The advisor's names, for its callers (the action plugin, the tests).
 __all__ = [

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
 
 DRAINED = "drained"
 STOPPED = "stopped"

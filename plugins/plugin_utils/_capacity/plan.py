@@ -28,8 +28,8 @@ Vocabulary (every size is per GPU, i.e. per tensor-parallel rank, as the rank-0 
   a request pool sized from the KV cache).
 
 What SGLang picks by default for a release and settings (``mem_fraction_static``, the Mamba
-strategy, slots per request) is :mod:`._capacity_defaults`; what the arithmetic reads (release,
-:class:`ModelFacts`, :class:`Settings`) is :mod:`._capacity_inputs`. This module sizes the pools.
+strategy, slots per request) is :mod:`_capacity.defaults`; what the arithmetic reads (release,
+:class:`ModelFacts`, :class:`Settings`) is :mod:`_capacity.inputs`. This module sizes the pools.
 
 :func:`predict_effective_max_running_requests` is the one entry point for callers that ask
 "what will this instance run with these settings?"; :func:`plan_capacity` is the same.
@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.defaults import (
     DEFAULT_MAMBA_FULL_MEMORY_RATIO,
     SPEC_DEFAULT_MRR,
     SPEC_RESETS_MRR,
@@ -49,7 +49,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_default
     default_mem_fraction_static,
     resolve_strategy,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import (
     GIB,
     ModelFacts,
     Settings,
@@ -322,7 +322,7 @@ def predict_effective_max_running_requests(
     """The effective max running requests (and the whole plan behind it: pools, binding limit,
     "would not fit" errors) an instance would start with.
 
-    The facts come from the running instance (:func:`._model_facts.derive_model_facts`); the
+    The facts come from the running instance (:func:`_capacity.model_facts.derive_model_facts`); the
     GPU's memory.total from nvidia-smi; the settings are the ones it would be launched with
     (:meth:`Settings.from_args` of the inventory's resolved args).
     """

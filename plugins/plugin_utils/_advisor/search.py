@@ -1,5 +1,5 @@
 """The advisor's proposals: the candidate settings for one instance, each checked by the memory
-arithmetic (:mod:`._capacity`), the release's flag table and the KV headroom, best first; and
+arithmetic (:mod:`_capacity.plan`), the release's flag table and the KV headroom, best first; and
 the clients' concurrency for a client-bound instance.
 """
 
@@ -9,22 +9,22 @@ import json
 import math
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_evidence import Evidence, client_demand_after
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_throughput import ThroughputModel
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import Evidence, client_demand_after
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import ThroughputModel
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     Policy,
     Proposal,
     fmt,
     knee,
     throughput_factors,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_window import WindowStats
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import CapacityPlan, plan_capacity
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_defaults import resolve_strategy
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import ModelFacts, Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import ServerArgsError, validate_args
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import load_table
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._release_facts import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.defaults import resolve_strategy
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import ModelFacts, Settings
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import CapacityPlan, plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import ServerArgsError, validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import load_table
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import (
     required_switches,
     startup_refusals,
 )
@@ -241,7 +241,7 @@ class ProposalSearch:
 
     def startup_refusals(self, changes: dict[str, list[Any]]) -> list[str]:
         """What the release would refuse at startup with the changes applied to the instance's
-        settings (the validator's check, :func:`._release_facts.startup_refusals`)."""
+        settings (the validator's check, :func:`_releases.facts.startup_refusals`)."""
         merged = {**self.ev.args, **{k: v[1] for k, v in changes.items()}}
         try:
             normalized, _warnings = validate_args(merged, self.ev.flag_table, where="proposal")

@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_checks import validate_args
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.checks import validate_args
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     BOOLOPT,
     LIST,
     OPTIONAL,
@@ -23,7 +23,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table impor
     Flag,
     load_table,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.values import (
     JSON_TYPES,
     NEGATIVE_NUMBER,
     plain,

@@ -4,7 +4,7 @@ throughput), in the metrics' own names and units. Pure functions.
 KV usage is ``sglang:full_token_usage`` from 0.5.14 on: there ``sglang:token_usage`` is the
 fullest of the KV, SWA and Mamba pools (0.5.23 ``pool_stats_observer.py:95-103,155``), so on a
 hybrid model it follows the Mamba pool. Only 0.5.9 has no ``full_token_usage`` and a KV-only
-``token_usage`` (:mod:`._release_facts` says which, per release).
+``token_usage`` (:mod:`_releases.facts` says which, per release).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class WindowStats:
 
 
 def kv_usage_key(samples: Sequence[Mapping[str, Any]], metric: str | None = None) -> str:
-    """The sample key of KV usage: the release's (``metric``, from :mod:`._release_facts`), else
+    """The sample key of KV usage: the release's (``metric``, from :mod:`_releases.facts`), else
     ``full_token_usage`` where the samples have it, else 0.5.9's ``token_usage``."""
     if metric:
         return metric.removeprefix("sglang:")

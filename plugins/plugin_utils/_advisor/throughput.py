@@ -160,7 +160,8 @@ def fit_step_time(
         fallback.why = (
             f"the {method} showed {len(levels)} level of running requests with {MIN_SAMPLES_PER_LEVEL}+ samples"
             if levels
-            else f"the {method} has no {MIN_SAMPLES_PER_LEVEL} samples in a row at one batch size with sglang:gen_throughput"
+            else f"the {method} has no {MIN_SAMPLES_PER_LEVEL} samples in a row at one batch size with "
+            "sglang:gen_throughput"
         )
         return fallback
     low, high = levels[0][0], levels[-1][0]

@@ -8,8 +8,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_patch import build_patch, instance_args_after
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.patch import build_patch, instance_args_after
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     COMPUTE_BOUND,
     DIAGNOSES,
     UNKNOWN,
@@ -41,7 +41,7 @@ def fleet_report(
     host_problems: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The fleet's advice: the instances grouped by identical settings, diagnosis and proposal,
-    and the inventory patch (:mod:`._advice_patch`).
+    and the inventory patch (:mod:`_advisor.patch`).
 
     ``inventory`` maps each host to its layers: ``sglang_server_host_args``, ``sglang_server_args``
     (the group's), ``instance_args`` ({instance: args} of ``sglang_server_instances``) and

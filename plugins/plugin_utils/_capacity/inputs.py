@@ -1,7 +1,7 @@
 """What SGLang's memory arithmetic reads: the release (and how to compare releases), the model's
 memory facts (:class:`ModelFacts`) and an instance's settings (:class:`Settings`). Pure data and
-parsing, no I/O; the arithmetic itself is :mod:`._capacity` and SGLang's per-release defaults
-:mod:`._capacity_defaults`.
+parsing, no I/O; the arithmetic itself is :mod:`_capacity.plan` and SGLang's per-release defaults
+:mod:`_capacity.defaults`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def at_least(release: str, patch: int) -> bool:
 class ModelFacts:
     """What SGLang's memory math reads of a model, per GPU (tensor-parallel rank).
 
-    Derive them from a running instance (:mod:`._model_facts`), never from a hand table.
+    Derive them from a running instance (:mod:`_capacity.model_facts`), never from a hand table.
     """
 
     hybrid: bool

@@ -1,5 +1,5 @@
 """Model facts from evidence: what a running instance says about its model's memory, turned into
-:class:`._capacity_inputs.ModelFacts`. Pure functions, no I/O.
+:class:`_capacity.inputs.ModelFacts`. Pure functions, no I/O.
 
 The evidence, best first (the reference's log lines and ``/server_info``):
 
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity_inputs import GIB, ModelFacts, at_least
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, ModelFacts, at_least
 
 _NUM = r"(\d+(?:\.\d+)?)"
 LOAD_WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")

@@ -23,7 +23,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings im
     describe_server_info,
     differences,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_record import UNCHANGED, UNHEALTHY
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import UNCHANGED, UNHEALTHY
 
 RELAUNCH_WEDGED_VAR = "sglang_retune_relaunch_wedged"
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_clients import RetuneClients
-    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_decide import Decision
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients import RetuneClients
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import Decision
 
 # A record's action.
 UNCHANGED = "unchanged"

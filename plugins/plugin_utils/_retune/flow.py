@@ -4,8 +4,8 @@
 
 Nothing here talks to a host directly: the phases are run through a ``PhaseRunner`` callable
 (one module execution per host per phase, provided by the action plugin), so the whole flow is
-unit-tested with a fake runner. The decision per instance is :mod:`._retune_decide`; the
-per-instance records and the host's report are :mod:`._retune_record`.
+unit-tested with a fake runner. The decision per instance is :mod:`_retune.decide`; the
+per-instance records and the host's report are :mod:`_retune.record`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_clients import ClientsUnknown, RetuneClients
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_decide import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients import ClientsUnknown, RetuneClients
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import (
     Decision,
     decide,
     unless_evidence_broken,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_options import Options
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_predict import predict_after
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune_record import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.predict import predict_after
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import (
     FAILED,
     RELAUNCHED,
     SKIPPED,
@@ -74,7 +74,7 @@ def plan_waves(names: list[str], canary: bool | str, wave_size: int) -> list[lis
 
 class Retune:
     """One host's retune: inspect, decide, then per wave stop → release → start, with rollback;
-    around each wave the generation clients drain and resume its endpoints (_retune_clients)."""
+    around each wave the generation clients drain and resume its endpoints (_retune.clients)."""
 
     def __init__(self, instances: list[dict[str, Any]], options: Options, run_phase: PhaseRunner, check_mode: bool):
         self.instances = {i["name"]: i for i in instances}
@@ -241,7 +241,7 @@ class Retune:
 
     def _predict(self, facts: Mapping[str, Any], gpus: Mapping[str, Any]) -> None:
         """Check mode: the effective max running requests each instance that would be relaunched
-        or started is predicted to get (``_retune_predict``), or why not in one word."""
+        or started is predicted to get (``_retune.predict``), or why not in one word."""
         for name in self.order:
             result = self.results[name]
             if result["action"] not in (WOULD_RELAUNCH, WOULD_START):
@@ -380,7 +380,7 @@ class Retune:
     # -- results ------------------------------------------------------------------------------
 
     def _final(self, t0: float, failed_msg: str | None) -> dict[str, Any]:
-        """The host's report, from the records (:func:`._retune_record.host_report`)."""
+        """The host's report, from the records (:func:`_retune.record.host_report`)."""
         return host_report(
             [self.results[n] for n in self.order if n in self.results],
             elapsed=round(time.monotonic() - t0, 3),

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advice_types import instance_names, yaml_scalar
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import instance_names, yaml_scalar
 
 HOST_ARGS = "sglang_server_host_args"
 INSTANCES = "sglang_server_instances"

@@ -16,20 +16,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_names import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.names import (
     REMOVAL_NOTES,
     describe_replacement,
     history,
     name_problem,
     resolve_name,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_table import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.table import (
     Flag,
     FlagTable,
     ValueMap,
     load_table,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flag_values import (
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._flags.values import (
     YAML_BOOL_WORDS,
     Bad,
     convert,
