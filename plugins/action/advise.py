@@ -27,6 +27,10 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import e
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import patch as _advice_patch
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import report as _advice_report
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (
+    instances_to_measure,
+    share_measurements,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 
 display = Display()
@@ -101,7 +105,7 @@ class ActionModule(ActionBase):
                     "http_timeout": args["http_timeout"],
                     "client_units": list(args["client_units"]),
                     **(
-                        {"measure": {**args["measure_options"], "instances": [i["name"] for i in slim]}}
+                        {"measure": {**args["measure_options"], "instances": instances_to_measure(instances)}}
                         if args["measure"]
                         else {}
                     ),
@@ -123,6 +127,7 @@ class ActionModule(ActionBase):
             out["host_problem"] = f"the observe phase failed: {observed.get('msg')}"
             return out
         by_name = observed.get("instances") or {}
+        share_measurements(instances, by_name)
         gpus_by_place = observed.get("containers") or {}
         if prometheus:
             end = time.time()

@@ -226,3 +226,35 @@ def instance_model(
     else:
         window.why += " (sglang_advise_measure / advise --measure measures it)"
     return window
+
+
+def _same_settings(a: Mapping[str, Any]) -> str:
+    return repr(sorted((a.get("args") or {}).items())) + repr(a.get("version"))
+
+
+def instances_to_measure(instances: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One instance per set of settings of a host (the first): the others of the set are alike
+    (the same release and settings), and keep generating while it is measured."""
+    seen: dict[str, str] = {}
+    for inst in instances:
+        seen.setdefault(_same_settings(inst), str(inst["name"]))
+    return list(seen.values())
+
+
+def share_measurements(instances: Sequence[Mapping[str, Any]], observations: dict[str, dict[str, Any]]) -> None:
+    """Give each instance that was not measured the measurement of the one with its settings."""
+    measured = {
+        _same_settings(i): str(i["name"])
+        for i in instances
+        if (observations.get(str(i["name"])) or {}).get("measure") is not None
+    }
+    for inst in instances:
+        obs = observations.get(str(inst["name"]))
+        source = measured.get(_same_settings(inst))
+        if obs is None or source is None or source == inst["name"] or obs.get("measure") is not None:
+            continue
+        done = observations[source]
+        for key in ("measure_samples", "measure_error"):
+            if key in done:
+                obs[key] = done[key]
+        obs["measure"] = {**(done.get("measure") or {}), "on": source}

@@ -153,3 +153,29 @@ def test_the_predicted_gain_is_within_10_percent_of_what_the_simulator_measured(
     measured = mean_throughput(after["samples"]) / mean_throughput(rec["observation"]["samples"])
     assert prop.throughput_factor_expected == pytest.approx(measured, rel=0.10), (measured, prop.to_dict())
     assert prop.throughput_model is not None and prop.throughput_model["method"] == MEASUREMENT
+
+
+def test_one_instance_per_set_of_settings_is_measured_and_lends_its_figures() -> None:
+    from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (  # noqa: PLC0415
+        instances_to_measure,
+        share_measurements,
+    )
+
+    first = {"max_mamba_cache_size": 80}
+    instances = [
+        {"name": "gpu0", "version": "0.5.23", "args": first},
+        {"name": "gpu1", "version": "0.5.23", "args": dict(first)},
+        {"name": "gpu2", "version": "0.5.23", "args": {"max_mamba_cache_size": 200}},
+    ]
+    assert instances_to_measure(instances) == ["gpu0", "gpu2"]
+    stepped = samples_at([(4, 4 / 0.024, 3), (8, 8 / 0.028, 3), (16, 16 / 0.036, 3)])
+    observations: dict[str, dict[str, Any]] = {
+        "gpu0": {"measure": {"levels": [4, 8, 16]}, "measure_samples": stepped},
+        "gpu1": {},
+        "gpu2": {"measure": {"levels": [4, 8, 16]}, "measure_error": "the instance still ran 3 requests"},
+    }
+    share_measurements(instances, observations)
+    assert observations["gpu1"]["measure"] == {"levels": [4, 8, 16], "on": "gpu0"}
+    assert observations["gpu1"]["measure_samples"] is stepped
+    assert instance_model(observations["gpu1"], spec=False).method == MEASUREMENT
+    assert "measure_samples" not in observations["gpu2"]
