@@ -101,7 +101,7 @@ def measure_instance(
         "step_s": step_s,
         "interval_s": interval,
         "prompt_tokens": prompt,
-        "max_new_tokens": body["sampling_params"]["max_new_tokens"],
+        "max_new_tokens": max_new,
         "drained": sorted(clients),
     }
     out: dict[str, Any] = {"measure": summary, "measure_samples": []}

@@ -221,7 +221,7 @@ def measured(
     """The stepped measurement (:mod:`.op_measure`) of the named instances, at once (each on its
     own GPUs), after the window: its samples and summary into each one's result."""
     names = set(spec.get("instances") or [])
-    targets = []
+    targets: list[dict[str, Any]] = []
     for inst in running:
         if inst["name"] not in names:
             continue
@@ -232,17 +232,16 @@ def measured(
         targets.append({"inst": inst, "eff": eff})
 
     def one(item: dict[str, Any]) -> dict[str, Any]:
-        inst = item["inst"]
+        inst: dict[str, Any] = item["inst"]
         shape = workload_shape(results[inst["name"]]["samples"])
         return measure_instance(
-            inst, host, {**shape, **spec}, item["eff"], senders.get(inst["name"]) or [], read_metrics
+            inst, host, {**shape, **spec}, int(item["eff"]), senders.get(inst["name"]) or [], read_metrics
         )
 
     for item, got in zip(targets, parallel(one, targets)):
-        results[item["inst"]["name"]].update(
-            {"measure_error": got.get("msg") or "failed"} if got.get("failed") else got
-        )
-    for name in names - {t["inst"]["name"] for t in targets}:
+        name = str(item["inst"]["name"])
+        results[name].update({"measure_error": got.get("msg") or "failed"} if got.get("failed") else got)
+    for name in names - {str(t["inst"]["name"]) for t in targets}:
         if name in results and "measure_error" not in results[name]:
             results[name]["measure_error"] = "the unit is not running"
 
