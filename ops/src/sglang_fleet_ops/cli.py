@@ -365,8 +365,12 @@ def cmd_trial(c: Command) -> int:
     def advise_run(limit: str | None, window: float | None) -> dict[str, Any]:
         count["advise"] += 1
         ident = "advise" if count["advise"] == 1 else "trial-observe"
-        # The measurement is for the advice; the trial's own observations measure the canary as it runs.
-        ex = dict(extravars) if count["advise"] == 1 else {k: v for k, v in extravars.items() if "measure" not in k}
+        # The measurement and --out are the advice's; the trial's own observations measure the canary
+        # as it runs, and their patches (the canary on an override) go to the run dir.
+        ex = dict(extravars)
+        if count["advise"] > 1:
+            ex = {k: v for k, v in ex.items() if "measure" not in k}
+            ex["sglang_advise_output"] = str((c.run_dir / f"{ident}-advice.yml").resolve())
         request = Request(advise_mod.ADVISE_PLAYBOOK, ident, extravars=ex, progress=True, done_action=advise_mod.ADVISE)
         advice = advise_mod.build_advice(c.run(request, limit))
         if advice["report"] is not None:
