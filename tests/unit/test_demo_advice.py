@@ -45,7 +45,9 @@ def advice(tput: float, predicted: float) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("after", "code", "words"), [(1500.0, 0, "+3.3% within 10%"), (1200.0, 1, "+29.2% NOT within 10%")])
+@pytest.mark.parametrize(
+    ("after", "code", "words"), [(1500.0, 0, "+3.3% within 10%"), (1200.0, 1, "+29.2% NOT within 10%")]
+)
 def test_predicted_and_measured_side_by_side(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], after: float, code: int, words: str
 ) -> None:
