@@ -21,15 +21,18 @@ _spec.loader.exec_module(demo_advice)
 BLOCK = {"sglang_server_host_args": {"max_mamba_cache_size": 180, "mem_fraction_static": 0.93}}
 
 
-def test_the_patch_becomes_one_extra_vars_file_when_the_hosts_are_alike(tmp_path: Path) -> None:
+def test_the_patch_becomes_one_extra_vars_file_the_first_hosts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     patch = tmp_path / "patch.yml"
-    patch.write_text(yaml.safe_dump({"host_vars": {"a": BLOCK, "b": BLOCK}}))
+    other = {"sglang_server_host_args": {"max_mamba_cache_size": 200}}
+    patch.write_text(yaml.safe_dump({"host_vars": {"b": other, "a": BLOCK}}))
     assert demo_advice.extravars(patch, tmp_path / "advised.yml") == 0
     assert yaml.safe_load((tmp_path / "advised.yml").read_text()) == BLOCK
-    other = {"sglang_server_host_args": {"max_mamba_cache_size": 200}}
-    patch.write_text(yaml.safe_dump({"host_vars": {"a": BLOCK, "b": other}}))
-    assert demo_advice.extravars(patch, tmp_path / "refused.yml") == 1
-    assert not (tmp_path / "refused.yml").exists()
+    assert "b's block differs from a's; the demo's hosts are alike: a's for all" in capsys.readouterr().out
+    patch.write_text(yaml.safe_dump({"host_vars": {}}))
+    assert demo_advice.extravars(patch, tmp_path / "none.yml") == 1
+    assert not (tmp_path / "none.yml").exists()
 
 
 def advice(tput: float, predicted: float) -> dict[str, Any]:
