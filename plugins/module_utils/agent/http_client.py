@@ -95,7 +95,7 @@ class SteadyLoad:
         self.conns: set[http.client.HTTPConnection] = set()
         self.errors: list[str] = []
         self.sent = 0
-        self.threads = [threading.Thread(target=self._worker, daemon=True) for _ in range(max(0, concurrency))]
+        self.threads = [threading.Thread(target=self._worker, daemon=True) for _index in range(max(0, concurrency))]
 
     def start(self) -> SteadyLoad:
         for thread in self.threads:

@@ -121,7 +121,7 @@ def measure_instance(
             idle.update(got.get("values") or {"error": got.get("error")})
             return not (idle.get("num_running_reqs") or 0) and not (idle.get("num_queue_reqs") or 0)
 
-        ok, _ = host.wait(quiet, host.monotonic() + drain_timeout + 5.0)
+        ok, _waited = host.wait(quiet, host.monotonic() + drain_timeout + 5.0)
         if not ok:
             out["measure_error"] = (
                 f"the instance still ran {idle.get('num_running_reqs')} requests ({idle.get('num_queue_reqs')} "

@@ -68,7 +68,8 @@ class ThroughputModel:
         return self.method != EXPONENT
 
     def step_s(self, running: float) -> float:
-        assert self.fixed_s is not None and self.per_request_s is not None
+        if self.fixed_s is None or self.per_request_s is None:
+            raise ValueError("the exponent's model has no step time")
         return self.fixed_s + self.per_request_s * running
 
     def throughput(self, running: float) -> float:
@@ -101,7 +102,7 @@ class ThroughputModel:
                 step_ms_fixed=round(1000 * (self.fixed_s or 0), 3),
                 step_ms_per_request=round(1000 * (self.per_request_s or 0), 4),
                 accept_length=round(self.accept, 3),
-                levels=[[round(n, 2), round(1000 * s, 3), c] for n, s, c in self.levels],
+                levels=[[round(level[0], 2), round(1000 * level[1], 3), level[2]] for level in self.levels],
                 samples=self.points,
                 r2=round(self.r2 or 0.0, 4),
                 max_error=round(self.max_error or 0.0, 4),
@@ -168,12 +169,14 @@ def fit_step_time(
     if high < min_spread * low:
         fallback.why = f"the {method}'s running requests varied only {low:g}-{high:g} (less than x{min_spread:g})"
         return fallback
-    weights = [c for _, _, c in levels]
+    ns = [level[0] for level in levels]
+    steps = [level[1] for level in levels]
+    weights = [level[2] for level in levels]
     total = sum(weights)
-    mean_n = sum(w * n for (n, _, _), w in zip(levels, weights, strict=True)) / total
-    mean_s = sum(w * s for (_, s, _), w in zip(levels, weights, strict=True)) / total
-    sxx = sum(w * (n - mean_n) ** 2 for (n, _, _), w in zip(levels, weights, strict=True))
-    sxy = sum(w * (n - mean_n) * (s - mean_s) for (n, s, _), w in zip(levels, weights, strict=True))
+    mean_n = sum(w * n for n, w in zip(ns, weights, strict=True)) / total
+    mean_s = sum(w * st for st, w in zip(steps, weights, strict=True)) / total
+    sxx = sum(w * (n - mean_n) ** 2 for n, w in zip(ns, weights, strict=True))
+    sxy = sum(w * (n - mean_n) * (st - mean_s) for n, st, w in zip(ns, steps, weights, strict=True))
     per_request = sxy / sxx
     fixed = mean_s - per_request * mean_n
     if per_request <= 0 or fixed < 0:
@@ -182,14 +185,16 @@ def fit_step_time(
             f"({1000 * fixed:.1f} ms + {1000 * per_request:.3f} ms x running)"
         )
         return fallback
-    syy = sum(w * (s - mean_s) ** 2 for (_, s, _), w in zip(levels, weights, strict=True))
-    residual = sum(w * (s - fixed - per_request * n) ** 2 for (n, s, _), w in zip(levels, weights, strict=True))
+    misses = [st - fixed - per_request * n for n, st in zip(ns, steps, strict=True)]
+    syy = sum(w * (st - mean_s) ** 2 for st, w in zip(steps, weights, strict=True))
+    residual = sum(w * m**2 for m, w in zip(misses, weights, strict=True))
     accept = statistics.median(p.accept for p in points)
     r2 = 1.0 - residual / syy if syy > 0 else 1.0
     if r2 < min_r2:
+        seen = ", ".join(f"{n:g} running {1000 * st:.1f} ms" for n, st in zip(ns, steps, strict=True))
         fallback.why = (
             f"the {method}'s step times are not a straight line in the running requests (r2 {r2:.2f} < "
-            f"{min_r2:g}: {', '.join(f'{n:g} running {1000 * s:.1f} ms' for n, s, _ in levels)})"
+            f"{min_r2:g}: {seen})"
         )
         return fallback
     return ThroughputModel(
@@ -200,7 +205,7 @@ def fit_step_time(
         levels=levels,
         points=sum(int(c) for c in weights),
         r2=r2,
-        max_error=max(abs(s - fixed - per_request * n) / s for n, s, _ in levels),
+        max_error=max(abs(m) / st for m, st in zip(misses, steps, strict=True)),
         exponent=exponent,
         why=f"running requests varied {low:g}-{high:g} over the {method}",
     )

@@ -30,7 +30,7 @@ def samples_at(levels: list[tuple[float, float, int]], accept: float | None = No
     """Samples of a window: ``count`` ticks at each (running, gen_throughput) level, in order."""
     out: list[dict[str, Any]] = []
     for running, tput, count in levels:
-        for _ in range(count):
+        for _tick in range(count):
             sample: dict[str, Any] = {"t": len(out), "num_running_reqs": running, "gen_throughput": tput}
             if accept is not None:
                 sample["spec_accept_length"] = accept
