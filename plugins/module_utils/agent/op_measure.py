@@ -57,6 +57,10 @@ def workload_shape(samples: list[dict[str, Any]]) -> dict[str, int]:
     return shape
 
 
+def _count(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def concurrencies(levels: list[float], effective_max: int) -> list[int]:
     """The distinct concurrencies of the levels (shares of the max), lowest first, at least 1."""
     return sorted({max(1, min(effective_max, round(float(share) * effective_max))) for share in levels})
@@ -124,8 +128,8 @@ def measure_instance(
         ok, _waited = host.wait(quiet, host.monotonic() + drain_timeout + 5.0)
         if not ok:
             out["measure_error"] = (
-                f"the instance still ran {idle.get('num_running_reqs')} requests ({idle.get('num_queue_reqs')} "
-                "queued) "
+                f"the instance still ran {_count(idle.get('num_running_reqs'))} requests "
+                f"({_count(idle.get('num_queue_reqs'))} queued) "
                 + ("after its clients on this host were drained" if clients else "with no client on this host")
                 + " (clients elsewhere?): nothing measured"
             )
