@@ -179,3 +179,12 @@ def test_one_instance_per_set_of_settings_is_measured_and_lends_its_figures() ->
     assert observations["gpu1"]["measure_samples"] is stepped
     assert instance_model(observations["gpu1"], spec=False).method == MEASUREMENT
     assert "measure_samples" not in observations["gpu2"]
+
+
+def test_the_compute_bound_scenario_gets_no_proposal_to_predict() -> None:
+    rec = recorded("compute-bound")
+    ev = _advice_evidence.evidence_from_observation(
+        "sim", rec["instance"], rec["observation"], rec["gpus"], rec["window_s"], rec["interval_s"]
+    )
+    advice = _advisor.advise_instance(ev)
+    assert advice.diagnosis == "compute-bound" and advice.proposal is None and "after" not in rec
