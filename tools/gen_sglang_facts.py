@@ -8,8 +8,9 @@ Two steps, like ``tools/gen_flag_table.py``:
    ``tests/doubles/gpusim/src/gpusim/facts/VERSION.json``: every Prometheus metric (name, type,
    labels, help, multiprocess mode), the code that computes the usage gauges, the startup log
    lines' format strings, the ``/server_info`` ``memory_usage`` keys, the startup constraints of
-   ``tools/sglang_facts_spec.yml`` found in the release, and the order of the scheduler's start
-   (target, draft, pools). Each fact carries its provenance: file and line in the release.
+   ``tools/sglang_facts_spec.yml`` found in the release, the order of the scheduler's start
+   (target, draft, pools), and which startup lines the draft's own model runner writes too. Each
+   fact carries its provenance: file and line in the release.
    Only this step needs the wheels.
 2. Without ``--from-release`` it builds ``plugins/plugin_utils/_releases/sglang_facts.json``, what the
    collection reads (the validator, the advisor, the monitoring), from those vendored files.
@@ -296,9 +297,48 @@ def extract_scheduler_start(release: Release, spec: Mapping[str, str]) -> dict[s
     }
 
 
+def _draft_guard(release: Release, name: str, line: int, guard: str) -> str | None:
+    """The condition around ``line`` that keeps the draft's runner from reaching it: an ``if`` on
+    ``guard`` whose branch holding the line is the target's (``if not self.is_draft_worker:`` body,
+    or the ``else`` of ``if self.is_draft_worker:``); None when there is none."""
+    tree = release.tree(name)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or guard not in ast.unparse(node.test):
+            continue
+        negated = isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not)
+        branch = node.body if negated else node.orelse
+        if any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in branch):
+            return f"{_where(name, node.lineno)}: if {ast.unparse(node.test)}"
+    return None
+
+
+def extract_draft_log_lines(release: Release, spec: Mapping[str, Any], log_lines: Mapping[str, Any]) -> dict[str, Any]:
+    """Which startup lines the draft's own model runner writes too: where the speculative worker
+    builds it, and per line of the spec's list the format strings no draft guard encloses."""
+    made = [
+        _where(name, number)
+        for name in release.files(re.compile(re.escape(spec["made_in"]) + r".*\.py$"))
+        for number, text in enumerate((release.text(name) or "").splitlines(), start=1)
+        if spec["made_with"] in text
+    ]
+    lines: dict[str, Any] = {}
+    for key in spec["lines"]:
+        hits = []
+        for hit in log_lines.get(key, []):
+            name, _, number = hit["source"].rpartition(":")
+            guard = _draft_guard(release, name, int(number), spec["guard"])
+            hits.append({"source": hit["source"], "draft_guard": guard})
+        if made and any(h["draft_guard"] is None for h in hits):
+            lines[key] = hits
+    return {"runner_made_at": made, "lines": lines}
+
+
 def extract(version: str, path: Path, spec: Mapping[str, Any]) -> dict[str, Any]:
     release = Release(path)
     usage = extract_usage_code(release, spec["usage_code"])
+    log_lines = extract_log_lines(release, spec["log_lines"])
     return {
         "format": FORMAT,
         "release": version,
@@ -306,10 +346,11 @@ def extract(version: str, path: Path, spec: Mapping[str, Any]) -> dict[str, Any]
         "metrics": extract_metrics(release),
         "usage_code": usage,
         "token_usage_pools": token_usage_pools(release, usage),
-        "log_lines": extract_log_lines(release, spec["log_lines"]),
+        "log_lines": log_lines,
         "memory_usage": extract_memory_usage(release, spec["memory_usage_key"]),
         "constraints": extract_constraints(release, spec["constraints"]),
         "scheduler_start": extract_scheduler_start(release, spec["scheduler_start"]),
+        "draft_log_lines": extract_draft_log_lines(release, spec["draft_runner"], log_lines),
     }
 
 
@@ -338,6 +379,7 @@ def build_table(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "token_usage_pools": list(fact["token_usage_pools"]),
             "metrics": {name: m["type"] for name, m in metrics.items()},
             "draft_before_target_pools": bool(fact["scheduler_start"]["draft_before_target_pools"]),
+            "draft_log_lines": sorted(fact["draft_log_lines"]["lines"]),
             "memory_usage_keys": sorted({k for d in fact["memory_usage"]["dicts"] for k in d["keys"]}),
             "constraints": constraints,
             "read_from": fact["read_from"],

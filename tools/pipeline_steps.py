@@ -27,11 +27,14 @@ The context (JSON), the runner's part of what a CI service gives a job:
     runner_env     the runner machine's environment besides PATH, HOME, LANG (e.g. the collections
                    path of other collections, a container engine's configuration)
     temp           the runner's temporary directory (RUNNER_TEMP; GitLab: TMPDIR), made if missing
+    schedule       GitHub github.event.schedule of a scheduled run (the cron that started it)
+    api_url        the platform's API (a local stand-in): GitHub GITHUB_API_URL, GitLab
+                   CI_API_V4_URL (<api_url>/api/v4); default http://127.0.0.1:9, where every call fails
 
 The expressions `${{ ... }}` of GitHub are evaluated from these contexts: github (event_name, ref,
-sha, repository, token: empty, event.pull_request.number, workspace), env, secrets, inputs (of the
-composite action), steps.<id>.outputs, runner.temp, with ==, !=, &&, ||, !, parentheses and
-always(), success(), failure(). Remote actions are stood in for: actions/checkout (the workspace
+sha, repository, token: empty, event.pull_request.number, event.schedule, workspace, api_url), env,
+secrets, inputs (of the composite action), steps.<id>.outputs, runner.temp, with ==, !=, &&, ||,
+!, parentheses and always(), success(), failure(). Remote actions are stood in for: actions/checkout (the workspace
 is the fleet repository's checkout already), actions/setup-python (a `python` on PATH: this
 machine's python3), actions/upload-artifact (the paths copied into <temp>/artifacts/<name>). A
 GitLab job's `extends` and `rules: - if:` (==, !=, &&, || on $VARIABLES and strings) are read;
@@ -60,6 +63,8 @@ RAN, FAILED, NOT_RUN, UNUSABLE = 0, 1, 3, 2
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 GITHUB_SHELL = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]
 GITLAB_SHELL = ["bash", "--noprofile", "--norc"]
+# The platform's API when the context names none: no forge here, every API call fails.
+NO_FORGE = "http://127.0.0.1:9"
 
 
 class PipelineError(Exception):
@@ -276,9 +281,12 @@ def github_job(path: Path, job_name: str, workspace: Path, context: dict[str, An
         "sha": context.get("sha", ""),
         "repository": context.get("repository", "fleet/fleet"),
         "token": "",
+        "api_url": context.get("api_url", NO_FORGE),
         "workspace": str(workspace),
         "event": {"pull_request": pr} if context["event"] == "pull_request" else {},
     }
+    if context["event"] == "schedule":
+        github["event"] = {"schedule": context.get("schedule", "")}
     env = {**{k: str(v) for k, v in (workflow.get("env") or {}).items()}}
     env.update({k: str(v) for k, v in (job_def.get("env") or {}).items()})
     env.update({k: str(v) for k, v in (context.get("env") or {}).items()})
@@ -357,6 +365,7 @@ def github_step(
             "GITHUB_SHA": str(contexts["github"]["sha"]),
             "GITHUB_REF": str(contexts["github"]["ref"]),
             "GITHUB_EVENT_NAME": str(contexts["github"]["event_name"]),
+            "GITHUB_API_URL": str(contexts["github"]["api_url"]),
             "RUNNER_TEMP": str(temp),
         }
     )
@@ -455,7 +464,7 @@ def gitlab_job(path: Path, name: str, workspace: Path, context: dict[str, Any]) 
         "CI_PROJECT_DIR": str(workspace),
         "CI_PROJECT_PATH": str(context.get("repository", "fleet/fleet")),
         "CI_PROJECT_ID": "1",
-        "CI_API_V4_URL": "http://127.0.0.1:9/api/v4",  # no forge here: every API call fails
+        "CI_API_V4_URL": f"{context.get('api_url', NO_FORGE)}/api/v4",
         "CI_JOB_NAME": name,
     }
     if context["event"] == "merge_request_event":

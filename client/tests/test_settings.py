@@ -155,6 +155,18 @@ def test_the_config_the_role_writes_uses_setting_names() -> None:
         assert env[variable] == role_var(SETTING[f"s3.{name}"])
 
 
+def test_the_stall_settings_are_role_variables_written_to_the_config() -> None:
+    """How long a silent server is waited for is the operator's choice on a fleet too: each stall
+    setting is a role variable (its default the client's, checked above) that the role writes."""
+    task = next(t for t in _load("tasks/configure.yml") if t["name"] == "Write the client config")
+    written = dict(_config_keys(task["vars"]["_generation_config"]))
+    for key in ("stall_factor", "stall_min_s"):
+        var = role_var(SETTING[key])
+        assert var in SPECS and var in DEFAULTS, f"{key} has no role variable"
+        assert written.get(key) == var, f"configure.yml does not write {key} from {var}"
+        assert var in (ROLE / "README.md").read_text(), f"roles/generation/README.md does not name {var}"
+
+
 def _role_vars() -> dict[str, Any]:
     """vars/main.yml with what can be rendered from the file alone rendered."""
     values: dict[str, Any] = dict(_load("vars/main.yml"))

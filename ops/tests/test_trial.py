@@ -1,11 +1,15 @@
 """advise --trial (trial.py) with fake playbook runs: the group and canary chosen, retune.yml's
 extra vars (the proposal in the canary's own args, only the canary relaunched), the comparison
-against the untouched instances, kept or reverted, and the CLI's JSON and text."""
+against the untouched instances, kept or reverted, and the CLI's JSON and text. With --propose,
+in a real fleet repository: a kept trial leaves a branch with the inventory change and
+proposal.json; a reverted one writes and commits nothing and says why; a repository that is not
+ready refuses before the canary is touched."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +225,119 @@ def test_the_cli_runs_the_trial_and_prints_json(project: Path, monkeypatch: pyte
     assert seen[0][2]["sglang_advise_output"] == str((project / "advice.yml").resolve())
     assert "sglang_advise_measure" not in seen[2][2]
     assert seen[2][2]["sglang_advise_output"].endswith("/trial-observe-advice.yml")
+
+
+# ------------------------------------------------------------------------------------------
+# --propose
+HOST_FILE = """---
+# b200-node: three B200s, one instance each
+sglang_server_instances:
+  - name: gpu0
+    gpus: [0]
+    port: 30000
+  # gpu1 serves the long-context jobs
+  - name: gpu1
+    gpus: [1]
+    port: 30001
+    args: {max_running_requests: 32}
+  - name: gpu2
+    gpus: [2]
+    port: 30002
+"""
+KEPT = {"b200-node/gpu0": 3600.0, "b200-node/gpu1": 1200.0, "b200-node/gpu2": 1200.0}
+REVERTED = {"b200-node/gpu0": 1210.0, "b200-node/gpu1": 1200.0, "b200-node/gpu2": 1200.0}
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Path:
+    repo = tmp_path / "fleet"
+    (repo / "inventory" / "prod" / "host_vars").mkdir(parents=True)
+    (repo / "inventory" / "prod" / "host_vars" / "b200-node.yml").write_text(HOST_FILE)
+    (repo / "ansible.cfg").write_text("[defaults]\ninventory = inventory/prod\n")
+    (repo / ".gitignore").write_text(".sglang-fleet-ops/\n")
+    sh(tmp_path, "init", "-q", "-b", "main", str(repo))
+    sh(repo, "add", "-A")
+    sh(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "the fleet")
+    return repo
+
+
+def trial_cli(
+    fleet: Path, monkeypatch: pytest.MonkeyPatch, fakes: Fakes
+) -> tuple[int, str, str, list[str], dict[str, Any]]:
+    playbooks: list[str] = []
+
+    def runner(run_dir: Path, proj: Path, inventory: str | None, limit: str | None, request: Any) -> Run:
+        playbooks.append(request.ident)
+        return Run(ident=request.ident, playbook=request.playbook, rc=0, status="successful")
+
+    monkeypatch.setattr(cli.advise_mod, "build_advice", lambda run: fakes.advise(None, None))
+    monkeypatch.setattr(cli.apply_mod, "build_outcome", lambda run: fakes.retunes.pop(0))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["advise", "--trial", "--propose", "--settle", "0", "--project-dir", str(fleet)]
+    code = cli.main(argv, runner=runner, out=out, err=err, check_collection=lambda p: None)
+    run_dir = Path(out.getvalue().strip().splitlines()[-1].removeprefix("artifacts: "))
+    found = json.loads((run_dir / "proposal.json").read_text()) if (run_dir / "proposal.json").exists() else {}
+    return code, out.getvalue(), err.getvalue(), playbooks, found
+
+
+def branches(repo: Path) -> list[str]:
+    return sh(repo, "branch", "--format=%(refname:short)").split()
+
+
+def test_a_kept_trial_commits_the_inventory_change_on_a_new_branch(
+    fleet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err, playbooks, found = trial_cli(fleet, monkeypatch, Fakes(KEPT, [outcome("relaunched")]))
+    assert code == 0, err
+    assert found["proposed"] is True and found["base"] == "main"
+    assert found["files"] == ["inventory/prod/host_vars/b200-node.yml"]
+    assert found["branch"].startswith("sglang-fleet/tune-") and found["branch"].endswith(
+        "-mamba-bound-b200-node-gpu0-gpu1-gpu2"
+    )
+    assert branches(fleet) == ["main", found["branch"]]
+    assert sh(fleet, "symbolic-ref", "--short", "HEAD").strip() == "main"
+    assert (fleet / "inventory/prod/host_vars/b200-node.yml").read_text() == HOST_FILE
+    changed = sh(fleet, "show", f"{found['branch']}:inventory/prod/host_vars/b200-node.yml")
+    assert "# gpu1 serves the long-context jobs" in changed and "# b200-node: three B200s" in changed
+    args = "{max_running_requests: 32, max_mamba_cache_size: 156, mamba_radix_cache_strategy: no_buffer}"
+    assert f"  - name: gpu1\n    gpus: [1]\n    port: 30001\n    args: {args}\n" in changed
+    assert "| measured gain | x3.00 (kept at x1.10 or more) |" in found["body"]
+    assert "| measured gain | x3.00" in sh(fleet, "log", "-1", "--format=%B", found["branch"])
+    assert f"PROPOSED: committed {found['commit'][:12]} on the branch {found['branch']}" in out
+    assert playbooks == ["advise", "trial-apply", "trial-observe"]
+
+
+def test_a_reverted_trial_writes_and_commits_nothing_and_says_why(fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = Fakes(REVERTED, [outcome("relaunched"), outcome("relaunched", after=16)])
+    code, out, _err, _playbooks, found = trial_cli(fleet, monkeypatch, fakes)
+    assert code == 0
+    assert found == {
+        "format": 1,
+        "proposed": False,
+        "why": "the trial was reverted: gain x1.01 < x1.10; nothing to propose",
+    }
+    assert "NOT PROPOSED: the trial was reverted: gain x1.01 < x1.10" in out
+    assert branches(fleet) == ["main"] and sh(fleet, "status", "--porcelain") == ""
+
+
+def test_an_uncommitted_inventory_is_refused_before_the_canary_is_touched(
+    fleet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (fleet / "inventory/prod/host_vars/b200-node.yml").write_text(HOST_FILE + "# an edit\n")
+    code, _out, err, playbooks, found = trial_cli(fleet, monkeypatch, Fakes(KEPT, [outcome("relaunched")]))
+    assert code == 1
+    assert "--propose: the inventory inventory/prod has uncommitted changes" in err and "nothing was touched" in err
+    assert playbooks == ["advise"]  # no retune.yml
+    assert found["proposed"] is False and found["why"].startswith("the trial failed: --propose: the inventory")
+    assert branches(fleet) == ["main"]
+
+
+def test_propose_without_trial_is_refused_before_anything_runs(fleet: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["advise", "--propose", "--project-dir", str(fleet)]
+    code = cli.main(argv, runner=None, out=out, err=err, check_collection=lambda p: None)  # type: ignore[arg-type]
+    assert code == 1 and "--propose proposes a kept trial: give --trial too" in err.getvalue()

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import flag_changes
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import was_unwell
 
 DOCUMENTATION = r"""
 name: retune_table
@@ -100,7 +101,7 @@ def instance_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]
             note = ("SIGKILL after stop deadline; " + note).strip("; ")
         if inst.get("wedged") and inst.get("action") != "unhealthy":
             # The unhealthy one's reasons say it already; a relaunched one says what hung.
-            note = (f"was wedged ({'; '.join(inst['wedged'])}); " + note).strip("; ")
+            note = (f"{was_unwell(inst['wedged'])}; " + note).strip("; ")
         rows.append(
             (
                 f"{host}/{inst.get('name')}",

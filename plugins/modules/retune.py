@@ -119,7 +119,8 @@ options:
   relaunch_wedged:
     description:
       - Relaunch a wedged instance (its C(/health) or C(/server_info) does not answer within
-        O(http_timeout)) whose command line and environment are already the desired ones.
+        O(http_timeout)) or a stalled one (it holds requests and produces nothing, see
+        O(stall_probe_s)) whose command line and environment are already the desired ones.
       - Without it such an instance is named unhealthy, left as it is, and the host fails; its
         siblings are retuned as usual. A wedged instance whose settings differ is relaunched in its
         wave either way.
@@ -187,6 +188,17 @@ options:
         unhealthy and left as it is unless O(relaunch_wedged) or O(force) is set.
     type: float
     default: 30
+  stall_probe_s:
+    description:
+      - Seconds between the two reads of C(/metrics) that tell whether a running instance that
+        answers C(/health) and C(/server_info) still produces. One that holds requests (running or
+        waiting) and processes no token between them (C(sglang:realtime_tokens_total) flat) is
+        stalled - unhealthy as a wedged one is - and is relaunched in its wave when its settings
+        differ, else named unhealthy and left as it is unless O(relaunch_wedged) or O(force) is set.
+      - The second read is made only when the first finds requests. An instance without C(/metrics)
+        (started without C(enable_metrics)) is not checked. 0 - no check.
+    type: float
+    default: 5
   pct:
     description:
       - The C(pct) command on a Proxmox node (the server role's C(sglang_server_pct), which the role

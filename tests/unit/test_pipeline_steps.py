@@ -99,6 +99,25 @@ def test_a_job_not_on_its_event_does_not_run(tmp_path: Path) -> None:
     assert code == steps.NOT_RUN
 
 
+def test_the_trial_schedule_runs_propose_and_the_other_runs_drift(tmp_path: Path) -> None:
+    workflow = CI / "github" / "sglang-fleet.yml"
+    crons = [c["cron"] for c in yaml.safe_load(workflow.read_text())["on"]["schedule"]]
+    drift_cron, trial_cron = crons
+    for cron, job in ((trial_cron, "drift"), (drift_cron, "propose")):
+        context = {"event": "schedule", "schedule": cron, "temp": str(tmp_path / "t")}
+        assert steps.github_job(workflow, job, tmp_path, context)[0] == steps.NOT_RUN, (cron, job)
+    gitlab = CI / "gitlab" / ".gitlab-ci.yml"
+    for env, job in (({"SGLANG_FLEET_SCHEDULE": "propose"}, "drift"), ({}, "propose")):
+        context = {"event": "schedule", "env": env, "temp": str(tmp_path / "t")}
+        assert steps.gitlab_job(gitlab, job, tmp_path, context)[0] == steps.NOT_RUN, (env, job)
+    # Without the trial's cron or variable (the fleet scenario's scheduled jobs), drift still runs.
+    drift_if = yaml.safe_load(workflow.read_text())["jobs"]["drift"]["if"]
+    github = {"github": {"event_name": "schedule", "event": {"schedule": ""}}}
+    assert steps.evaluate(drift_if, lambda name: steps.path_lookup(github, name)) is True
+    drift_rules = yaml.safe_load(gitlab.read_text())["drift"]["rules"]
+    assert steps.gitlab_rules_run(drift_rules, {"CI_PIPELINE_SOURCE": "schedule"}) is True
+
+
 TINY_WORKFLOW = """
 on: push
 env:

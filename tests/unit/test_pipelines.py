@@ -26,8 +26,10 @@ INTERFACE: dict[str, dict[str, bool]] = {
     "apply": {"-i": True, "--limit": True, "--plan": True, "--lock-wait": True},
     "drift": {"-i": True, "--limit": True},
     "status": {"-i": True, "--json": False},
+    "advise": {"-i": True, "--trial": False, "--propose": False},
+    "propose": {"--platform": True, "--proposal": True, "--base": True},
 }
-ARTIFACTS = {"plan.json", "plan.md", "summary.json", "summary.md"}
+ARTIFACTS = {"plan.json", "plan.md", "summary.json", "summary.md", "trial.json", "proposal.json"}
 SECRET_VARS = (
     "SSH_PRIVATE_KEY",
     "SSH_KNOWN_HOSTS",
@@ -35,6 +37,7 @@ SECRET_VARS = (
     "S3_ACCESS_KEY_ID",
     "S3_SECRET_ACCESS_KEY",
     "GITLAB_TOKEN",
+    "GITLAB_PROPOSE_TOKEN",
 )
 
 
@@ -84,9 +87,7 @@ def invocations(scripts: dict[str, list[str]]) -> list[tuple[str, str, dict[str,
                 command, rest = words[0], words[1:]
                 if command == "--version":  # the install's check that it runs
                     continue
-                if command in ("plan", "apply", "drift", "status"):
-                    assert command in INTERFACE
-                else:  # a mention in prose (an echo): not an invocation
+                if command not in INTERFACE:  # a mention in prose (an echo): not an invocation
                     assert line.startswith("echo"), line
                     continue
                 options: dict[str, str | None] = {}
@@ -131,11 +132,22 @@ def test_pipeline_is_valid_for_its_ci(schema: str, path: Path, tmp_path: Path) -
 def test_pipelines_run_exactly_the_cli_commands(scripts: Any) -> None:
     found = invocations(scripts())
     by_job = {(job, command) for job, command, _unused in found}
-    assert by_job == {("plan", "plan"), ("apply", "plan"), ("apply", "apply"), ("drift", "drift")}
+    assert by_job == {
+        ("plan", "plan"),
+        ("apply", "plan"),
+        ("apply", "apply"),
+        ("drift", "drift"),
+        ("propose", "advise"),
+        ("propose", "propose"),
+    }
     applies = [opts for job, command, opts in found if command == "apply"]
     assert applies and all(o.get("--plan", "").endswith("plan.json") for o in applies), applies
-    for _job, _command, opts in found:
-        assert opts.get("-i") == "$INVENTORY"
+    for _job, command, opts in found:
+        assert opts.get("-i") == "$INVENTORY" or command == "propose"
+    trials = [opts for job, command, opts in found if command == "advise"]
+    assert trials and all("--trial" in o and "--propose" in o for o in trials), trials
+    proposes = [opts for job, command, opts in found if command == "propose"]
+    assert proposes and all(o["--proposal"] == "$OUT_DIR/proposal.json" for o in proposes), proposes
 
 
 def test_github_triggers_protection_and_summaries() -> None:
@@ -146,6 +158,19 @@ def test_github_triggers_protection_and_summaries() -> None:
     assert "pull_request" in jobs["plan"]["if"]
     assert "push" in jobs["apply"]["if"] and "refs/heads/main" in jobs["apply"]["if"]
     assert "schedule" in jobs["drift"]["if"]
+    # Two crons: the drift's, and the advise trial's that the propose job (only) runs on.
+    trial_cron = on["schedule"][1]["cron"]
+    assert jobs["propose"]["if"] == f"github.event_name == 'schedule' && github.event.schedule == '{trial_cron}'"
+    assert f"github.event.schedule != '{trial_cron}'" in jobs["drift"]["if"]
+    assert jobs["propose"]["permissions"] == {"contents": "write", "pull-requests": "write", "actions": "write"}
+    assert jobs["propose"]["environment"] == "production"
+    assert jobs["propose"]["concurrency"] == jobs["apply"]["concurrency"]
+    # The token reaches propose as its step's environment only.
+    steps = {s.get("name"): s for s in jobs["propose"]["steps"]}
+    assert steps["Open the pull request"]["env"] == {"GITHUB_TOKEN": "${{ github.token }}"}
+    assert not any("GITHUB_TOKEN" in r or "github.token" in r for r in github_scripts()["propose"])
+    # A pull request opened with GITHUB_TOKEN starts no workflow: the plan runs on the branch by dispatch.
+    assert "workflow_dispatch" in jobs["plan"]["if"] and "refs/heads/main" in jobs["plan"]["if"]
     assert jobs["apply"]["environment"] == "production"
     assert jobs["apply"]["concurrency"]["cancel-in-progress"] is False
     runs = github_scripts()
@@ -164,7 +189,11 @@ def test_gitlab_triggers_protection_and_note() -> None:
     rules = {name: " ".join(r["if"] for r in job.get("rules", [])) for name, job in jobs.items()}
     assert "merge_request_event" in rules["plan"]
     assert "$CI_DEFAULT_BRANCH" in rules["apply"] and "merge_request_event" not in rules["apply"]
-    assert rules["drift"] == '$CI_PIPELINE_SOURCE == "schedule"'
+    assert rules["drift"] == '$CI_PIPELINE_SOURCE == "schedule" && $SGLANG_FLEET_SCHEDULE != "propose"'
+    assert rules["propose"] == '$CI_PIPELINE_SOURCE == "schedule" && $SGLANG_FLEET_SCHEDULE == "propose"'
+    assert jobs["propose"]["resource_group"] == jobs["apply"]["resource_group"]
+    # The propose token is read by the CLI from the environment: no script names it.
+    assert not any("PROPOSE_TOKEN" in line for line in "\n".join(gitlab_scripts()["propose"]).splitlines())
     assert jobs["apply"]["resource_group"]
     assert jobs["apply"]["environment"]["name"] == "production"
     plan = "\n".join(gitlab_scripts()["plan"])

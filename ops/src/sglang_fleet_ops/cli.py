@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,12 +21,14 @@ from typing import Any, TextIO, cast
 
 from . import advise as advise_mod
 from . import apply as apply_mod
-from . import pictures
+from . import pictures, proposing
 from . import trial as trial_mod
 from .closedpipe import ReaderGoneGuard
 from .collection import COLLECTION, collection_problem, own_version, playbook
 from .events import RETUNE
 from .plan import build_plan, drift, plan_exit, plan_markdown
+from .proposal import ProposalError
+from .proposal_git import GitError
 from .runner import Request, Run, Runner, new_run_dir, run_playbook
 from .status import build_status, status_exit, status_table
 
@@ -55,7 +58,13 @@ EXITS: dict[str, dict[int, str]] = {
     },
     "advise": {
         OK: "advice produced (hosts without evidence listed as problems); --trial: kept or reverted",
-        ERROR: "no report; --trial: the trial failed or the canary could not be put back",
+        ERROR: "no report; --trial: the trial failed or the canary could not be put back; "
+        "--propose: a kept patch that could not be committed",
+    },
+    "propose": {
+        proposing.OPENED: "the branch pushed and the merge request / pull request opened (its URL printed)",
+        proposing.FAILED: "not opened: a push or the platform's API failed (the HTTP status named), or bad input",
+        proposing.NOTHING: "nothing to propose: the trial was reverted or failed (proposal.json says why)",
     },
 }
 
@@ -145,6 +154,23 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="--trial: seconds between the canary's relaunch and the measuring window (default 60)",
+    )
+    p.add_argument(
+        "--propose",
+        action="store_true",
+        help="--trial, in a fleet repository: when kept, write the patch into the inventory files (the layer it "
+        "names, comments kept) and commit it on a new branch (the current branch and checkout untouched); "
+        "checked before the canary is touched; proposal.json in the run dir",
+    )
+    p = command("propose", "push a kept trial's branch and open its merge request / pull request (proposal.json)")
+    p.add_argument("--proposal", type=Path, required=True, help="the proposal.json of advise --trial --propose")
+    p.add_argument("--platform", choices=sorted(proposing.TOKEN_ENV), required=True, help="where the repository is")
+    p.add_argument("--remote", default="origin", help="the git remote the branch is pushed to (default: origin)")
+    p.add_argument("--base", help="the branch merged into (default: the branch the proposal was made from)")
+    p.add_argument(
+        "--token-env",
+        help="the environment variable holding the token (default: GITHUB_TOKEN; GitLab: "
+        f"{proposing.TOKEN_ENV['gitlab']}, a project access token: CI_JOB_TOKEN cannot open merge requests)",
     )
     return parser
 
@@ -318,6 +344,10 @@ def cmd_status(c: Command) -> int:
 def cmd_advise(c: Command) -> int:
     if c.args.trial:
         return cmd_trial(c)
+    if c.args.propose:
+        msg = "--propose proposes a kept trial: give --trial too; nothing was run"
+        c.problems([msg])
+        return c.finish(ERROR, {"problems": [msg]}, f"## Advise: refused\n\n- {msg}\n")
     extravars = advise_mod.advise_extravars(
         c.args.window, c.args.interval, c.args.prometheus, c.patch_out(), measure=c.args.measure
     )
@@ -384,6 +414,13 @@ def cmd_trial(c: Command) -> int:
         write_json(c.run_dir / f"{ident}.json", outcome)
         return outcome
 
+    proposer = None
+    if c.args.propose:
+        try:
+            proposer = proposing.TrialProposal(c.project, proposing.inventory_path(c.project, c.args.inventory))
+        except trial_mod.TrialError as exc:
+            c.problems([str(exc)])
+            return c.finish(ERROR, {"problems": [str(exc)]}, f"## Trial: refused\n\n- {exc}\n")
     trial = trial_mod.run_trial(
         advise_run,
         retune_run,
@@ -392,25 +429,63 @@ def cmd_trial(c: Command) -> int:
         canary=c.args.canary,
         threshold=c.args.threshold,
         settle=max(0.0, c.args.settle),
+        before_touch=proposer.before_touch if proposer else None,
     )
     drawn, missing = pictures.trial_picture(reports.get("advise"), reports.get("trial-observe"), trial, c.run_dir)
     trial["picture"] = str(drawn) if drawn else missing
     write_json(c.run_dir / "trial.json", trial)
     text = trial_mod.trial_text(trial) + picture_lines([drawn] if drawn else [], missing)
+    code = trial_mod.trial_exit(trial)
+    found = None
+    if proposer is not None:
+        found = proposer.finish(trial)
+        write_json(c.run_dir / "proposal.json", found)
+        text += proposing.proposal_text(found)
+        if trial["decision"] == "kept" and not found["proposed"]:
+            trial["problems"].append(str(found["why"]))
+            code = ERROR
     if not c.json:
         c.text(text)
     c.problems(trial["problems"])
-    code = trial_mod.trial_exit(trial)
     summary = {
         "trial": "trial.json",
         "decision": trial["decision"],
         "gain": trial["gain"],
+        "proposal": None if found is None else "proposal.json",
+        "proposed": None if found is None else found["proposed"],
         "problems": trial["problems"],
     }
     return c.finish(code, summary, "## Trial\n\n```\n" + text + "```\n", data=trial)
 
 
-COMMANDS = {"plan": cmd_plan, "apply": cmd_apply, "drift": cmd_drift, "status": cmd_status, "advise": cmd_advise}
+def cmd_propose(c: Command) -> int:
+    """propose: the branch of a kept trial pushed and its merge request / pull request opened."""
+    try:
+        found = proposing.read_proposal(c.args.proposal)
+        if not found.get("proposed"):
+            msg = f"nothing to propose: {found.get('why')}"
+            c.text(msg + "\n")
+            return c.finish(proposing.NOTHING, {"proposed": False, "why": found.get("why")}, f"## Proposal\n\n{msg}\n")
+        platform = proposing.platform_from_env(c.args.platform, c.args.token_env)
+        token = os.environ.get(c.args.token_env or proposing.TOKEN_ENV[c.args.platform], "")
+        opened = proposing.open_proposal(found, platform, c.project, c.args.remote, c.args.base, token)
+    except (ProposalError, GitError) as exc:
+        msg = f"the merge request / pull request was not opened: {exc}"
+        c.problems([msg])
+        return c.finish(proposing.FAILED, {"problems": [msg]}, f"## Proposal: not opened\n\n- {msg}\n")
+    text = f"opened on {opened['platform']}: {opened['url']} ({opened['branch']} -> {opened['base']})\n"
+    c.text(text)
+    return c.finish(proposing.OPENED, {"proposed": True, **opened}, "## Proposal\n\n" + text)
+
+
+COMMANDS = {
+    "plan": cmd_plan,
+    "apply": cmd_apply,
+    "drift": cmd_drift,
+    "status": cmd_status,
+    "advise": cmd_advise,
+    "propose": cmd_propose,
+}
 
 
 def main(

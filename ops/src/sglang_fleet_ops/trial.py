@@ -12,8 +12,10 @@ against the untouched instances of the same group, and keep it or put the canary
 4. kept when the gain reaches the threshold (default x1.10), else ``retune.yml`` again for the
    canary without the override: it runs the inventory's settings - its previous ones - again.
 
-Nothing is written to the inventory: a kept trial says to copy the patch and retune the rest.
-The orchestration takes the two playbook runs as callables (unit-tested with fakes).
+Nothing is written to the inventory here: a kept trial says to copy the patch and retune the rest,
+or, with ``--propose``, the CLI writes it into the inventory on a branch (proposal_git.py).
+The orchestration takes the two playbook runs as callables (unit-tested with fakes), in named steps:
+first_report, choose (then the caller's ``before_touch``), apply_to_canary, measure, decide.
 """
 
 from __future__ import annotations
@@ -130,6 +132,11 @@ def _retune_ok(outcome: Mapping[str, Any], canary: str, actions: Sequence[str]) 
     return (not outcome.get("problems") and inst.get("action") in actions), inst
 
 
+# (report, trial so far) -> None, or TrialError: the caller's own checks once the group and the
+# canary are chosen, before anything is touched (advise --trial --propose: the fleet repository).
+BeforeTouch = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+
+
 def run_trial(
     advise_run: AdviseRun,
     retune_run: RetuneRun,
@@ -140,9 +147,38 @@ def run_trial(
     threshold: float = DEFAULT_THRESHOLD,
     settle: float = 0.0,
     sleep: Callable[[float], None] = time.sleep,
+    before_touch: BeforeTouch | None = None,
 ) -> dict[str, Any]:
     """The trial, start to end; ``decision`` is kept, reverted or failed (with ``problems``)."""
-    out: dict[str, Any] = {
+    out = new_trial(threshold)
+    report = first_report(out, advise_run, window)
+    if report is None:
+        return out
+    try:
+        chosen, key, extravars = choose(out, report, group, canary)
+        if before_touch is not None:
+            before_touch(report, out)
+    except TrialError as exc:
+        out["problems"].append(str(exc))
+        return out
+    host, _name = split_key(key)
+    if not apply_to_canary(out, retune_run, key, extravars):
+        # The host's desired state (units, records) back to the inventory's, the canary with it.
+        _revert(out, retune_run, host, key)
+        return out
+    if settle > 0:
+        sleep(settle)
+    measure(out, advise_run, chosen, key, window)
+    if decide(out) == "kept":
+        out["decision"] = "kept"
+        return out
+    if _revert(out, retune_run, host, key):
+        out["decision"] = "reverted"
+    return out
+
+
+def new_trial(threshold: float) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "decision": "failed",
         "threshold": threshold,
@@ -156,21 +192,27 @@ def run_trial(
         "revert": None,
         "problems": [],
     }
+
+
+def first_report(out: dict[str, Any], advise_run: AdviseRun, window: float | None) -> dict[str, Any] | None:
+    """The advice over the whole fleet (the proposal tried, the throughput before), or None."""
     first = advise_run(None, window)
     report = first.get("report")
     if not report:
         out["problems"] += list(first.get("problems") or []) or ["no advice"]
-        return out
-    try:
-        chosen = choose_group(report, group, canary)
-        key = choose_canary(chosen, canary)
-        changes = dict(chosen["proposal"]["changes"])
-        extravars = trial_extravars(report, key)
-    except TrialError as exc:
-        out["problems"].append(str(exc))
-        return out
-    host, _name = split_key(key)
-    others = [m for m in chosen.get("instances") or [] if m != key]
+        return None
+    return dict(report)
+
+
+def choose(
+    out: dict[str, Any], report: Mapping[str, Any], group: int | None, canary: str | None
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The group, its canary and retune.yml's extra vars; the trial's record of them and of the
+    throughput before. TrialError when the report has nothing to try."""
+    chosen = choose_group(report, group, canary)
+    key = choose_canary(chosen, canary)
+    changes = dict(chosen["proposal"]["changes"])
+    extravars = trial_extravars(report, key)
     out.update(
         group={
             "label": chosen.get("label"),
@@ -194,9 +236,18 @@ def run_trial(
     items = _items(report)
     out["before"] = {
         "canary": throughput(items.get(key)),
-        "others": {m: throughput(items.get(m)) for m in others},
+        "others": {m: throughput(items.get(m)) for m in _others(chosen, key)},
     }
-    applied = retune_run(host, extravars, "trial-apply")
+    return chosen, key, extravars
+
+
+def _others(chosen: Mapping[str, Any], key: str) -> list[str]:
+    return [m for m in chosen.get("instances") or [] if m != key]
+
+
+def apply_to_canary(out: dict[str, Any], retune_run: RetuneRun, key: str, extravars: dict[str, Any]) -> bool:
+    """retune.yml relaunches the canary alone with the proposal; False when it did not."""
+    applied = retune_run(split_key(key)[0], extravars, "trial-apply")
     ok, inst = _retune_ok(applied, key, ("relaunched", "unchanged"))
     out["retune"] = {
         "action": inst.get("action"),
@@ -207,11 +258,15 @@ def run_trial(
     if not ok:
         out["problems"] += list(applied.get("problems") or []) or [f"{key}: retune: {inst.get('action')}"]
         out["problems"].append("the proposal was not applied to the canary (the retune rolls back a failed relaunch)")
-        # The host's desired state (units, records) back to the inventory's, the canary with it.
-        _revert(out, retune_run, host, key)
-        return out
-    if settle > 0:
-        sleep(settle)
+    return ok
+
+
+def measure(
+    out: dict[str, Any], advise_run: AdviseRun, chosen: Mapping[str, Any], key: str, window: float | None
+) -> None:
+    """The group's hosts over the window: the canary against the untouched instances' mean (or, in
+    a group of one, against the canary's own throughput before)."""
+    others = _others(chosen, key)
     hosts = sorted({split_key(m)[0] for m in chosen.get("instances") or []})
     second = advise_run(",".join(hosts), window)
     after_items = _items(second.get("report"))
@@ -228,16 +283,15 @@ def run_trial(
             f"no throughput to compare (canary {canary_after}, {baseline_of} {baseline}): "
             + "; ".join(second.get("problems") or [])
         )
-        decision = "reverted"
-    else:
-        out["gain"] = round(canary_after / baseline, 4)
-        decision = "kept" if out["gain"] >= threshold else "reverted"
-    if decision == "kept":
-        out["decision"] = "kept"
-        return out
-    if _revert(out, retune_run, host, key):
-        out["decision"] = "reverted"
-    return out
+
+
+def decide(out: dict[str, Any]) -> str:
+    """kept when the measured gain reaches the threshold, else reverted (no figure: reverted)."""
+    canary_after, baseline = out["after"].get("canary"), out["after"].get("baseline")
+    if canary_after is None or not baseline:
+        return "reverted"
+    out["gain"] = round(canary_after / baseline, 4)
+    return "kept" if out["gain"] >= out["threshold"] else "reverted"
 
 
 def _revert(out: dict[str, Any], retune_run: RetuneRun, host: str, key: str) -> bool:

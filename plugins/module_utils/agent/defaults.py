@@ -25,6 +25,7 @@ DEFAULTS = {
     "devices_dir": "/dev",
     "http_timeout": 30.0,
     "poll_interval": 0.5,
+    "stall_probe_s": 5.0,
     "secrets_file": SECRETS_FILE_DEFAULT,
     "state_dir": STATE_DIR_DEFAULT,
     "desired_dir": DESIRED_DIR_DEFAULT,

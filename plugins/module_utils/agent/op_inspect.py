@@ -2,7 +2,8 @@
 # Apache License 2.0 (see LICENSE)
 """Operation ``inspect``: everything the retune's decision needs, for every instance of the host,
 in one pass - and the evidence pre-flight: the sources of evidence the later proofs need, each
-checked before anything is stopped. Also the gathering shared with ``stop``: the processes
+checked before anything is stopped; and whether an instance that answers still produces
+(``stall.py``). Also the gathering shared with ``stop``: the processes
 between an instance and its relaunch, and an instance's /health and /server_info."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .defaults import DEFAULTS
 from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url, timed_out
@@ -17,6 +19,7 @@ from .nvidia import meaningful_app_pids
 from .op_observe import JOURNAL_PATTERN, startup_journal
 from .procfs import classify_processes, in_cgroup
 from .settings import process_evidence
+from .stall import probe_stall
 from .systemd import identity
 
 
@@ -32,6 +35,7 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     # Check mode: the startup lines of each running instance's current run (the model facts the
     # controller predicts the capacity after a retune from), read as the observe operation does.
     read_journal = bool(req.get("startup_journal"))
+    stall_probe_s = float(req.get("stall_probe_s", DEFAULTS["stall_probe_s"]))
     pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
 
     def inspect_one(inst: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +57,9 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
             facts["user"] = host.user(pid)
         if running:
             facts.update(probe_server(host, inst))
+            if facts["server_info_status"] == 200 and not facts["unanswered"]:
+                # It answers: is it still producing? (A stalled instance is unhealthy, as a wedged one.)
+                facts.update(probe_stall(host, inst, stall_probe_s))
             if read_journal:
                 lines, source, error = startup_journal(host, ident["invocation_id"], inst["unit"], pattern)
                 facts.update(journal=lines, journal_source=source)

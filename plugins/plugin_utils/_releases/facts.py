@@ -56,6 +56,8 @@ class ReleaseFacts:
     token_usage_pools: tuple[str, ...]
     metrics: Mapping[str, str]
     draft_before_target_pools: bool
+    # The startup lines (log_lines keys) the draft model's own runner writes too, beside the target's.
+    draft_log_lines: tuple[str, ...]
     memory_usage_keys: tuple[str, ...]
     constraints: tuple[Constraint, ...]
 
@@ -102,6 +104,7 @@ def release_facts(release: str, path: Path = FACTS_PATH) -> ReleaseFacts | None:
         token_usage_pools=tuple(record["token_usage_pools"]),
         metrics=dict(record["metrics"]),
         draft_before_target_pools=bool(record["draft_before_target_pools"]),
+        draft_log_lines=tuple(record["draft_log_lines"]),
         memory_usage_keys=tuple(record["memory_usage_keys"]),
         constraints=constraints,
     )

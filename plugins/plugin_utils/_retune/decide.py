@@ -10,7 +10,8 @@ A *wedged* instance is one whose own /health or /server_info did not answer with
 (a scheduler stopped or stuck in a driver call) while the host's sources of evidence answered: what
 it runs is still read from /proc (command line, environment, user), and its relaunch is proven on
 the new process's endpoints, so it is healed like any other instance to relaunch. Only a broken
-host-wide source of evidence blocks the host.
+host-wide source of evidence blocks the host. A *stalled* instance answers both but holds requests
+and processes no token (the agent's ``stall.py``): unhealthy in the same way, and treated the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.settings im
     describe_server_info,
     differences,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import UNCHANGED, UNHEALTHY
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import STALLED, UNCHANGED, UNHEALTHY
 
 RELAUNCH_WEDGED_VAR = "sglang_retune_relaunch_wedged"
 
@@ -34,8 +35,16 @@ class Decision:
     action: str  # UNCHANGED, "relaunch", "start", "blocked" or UNHEALTHY
     reasons: list[str] = field(default_factory=list)
     flag_diff: dict[str, Any] = field(default_factory=dict)
-    # What did not answer, when the instance is wedged (its own endpoints hang); empty otherwise.
+    # What did not answer, when the instance is wedged (its own endpoints hang), or why it is stalled
+    # (it answers and produces nothing); empty otherwise.
     wedged: list[str] = field(default_factory=list)
+
+
+def unhealthy_words(wedged: list[str]) -> str:
+    """The reason a wedged or stalled instance is unhealthy: ``wedged: `` and what did not answer;
+    a stall's verdict says ``stalled: `` itself."""
+    hangs = [w for w in wedged if not w.startswith(STALLED)]
+    return "; ".join(([f"wedged: {'; '.join(hangs)}"] if hangs else []) + [w for w in wedged if w.startswith(STALLED)])
 
 
 def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bool) -> Decision:
@@ -69,7 +78,9 @@ def decide(instance: Mapping[str, Any], facts: Mapping[str, Any], check_mode: bo
         state = f"{facts.get('active_state') or 'unknown'}/{facts.get('sub_state') or 'unknown'}"
         return unless_evidence_broken(Decision(name, "start", [f"not running (unit {state})"]), facts)
     wedged = list(facts.get("unanswered") or [])
-    reasons: list[str] = [f"wedged: {'; '.join(wedged)}"] if wedged else []
+    if facts.get("stalled"):
+        wedged.append(str(facts["stalled"]))
+    reasons: list[str] = [unhealthy_words(wedged)] if wedged else []
     # The inspected facts are the running evidence: the host's verdicts on the command line and
     # environment it read (they hold secrets and never leave it), the user, and /server_info.
     answered = facts.get("server_info_status") == 200

@@ -18,6 +18,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients i
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import (
     Decision,
     decide,
+    unhealthy_words,
     unless_evidence_broken,
 )
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
@@ -162,7 +163,7 @@ class Retune:
                 asked = "sglang_retune_relaunch_wedged" if self.opts.relaunch_wedged else "sglang_retune_force"
                 d.action = "relaunch"
                 d.reasons = [
-                    f"wedged: {'; '.join(d.wedged)}",
+                    unhealthy_words(d.wedged),
                     f"settings already desired; relaunched as asked ({asked})",
                 ]
             elif d.action == UNCHANGED and self.opts.force:

@@ -152,7 +152,8 @@ OPTIONS: tuple[Option, ...] = (
         "relaunch_wedged",
         "bool",
         RETUNE,
-        "Relaunch a wedged instance (its /health or /server_info does not answer within http_timeout) whose "
+        "Relaunch a wedged instance (its /health or /server_info does not answer within http_timeout) or a "
+        "stalled one (it holds requests and produces nothing, see stall_probe_s) whose "
         "command line and environment are already the desired ones; without it such an instance is named "
         "unhealthy, left as it is, and the host fails. A wedged instance whose settings differ is relaunched "
         "in its wave either way.",
@@ -215,6 +216,19 @@ OPTIONS: tuple[Option, ...] = (
         "endpoint does not answer within it is wedged, relaunched when its settings differ, else named "
         "unhealthy (see relaunch_wedged). Its siblings are retuned as usual.",
         default=30.0,
+    ),
+    _opt(
+        # SGLang's per-step token counter moves at every decode step (milliseconds): seconds tell a
+        # server that stopped producing from one that is slow.
+        "stall_probe_s",
+        "float",
+        AGENT,
+        "Seconds between the two reads of /metrics that tell whether a running instance that answers /health and "
+        "/server_info still produces: one that holds requests and processes no token between them "
+        "(sglang:realtime_tokens_total flat) is stalled, relaunched when its settings differ, else named unhealthy "
+        "(see relaunch_wedged). The second read is made only when the first finds requests; an instance without "
+        "/metrics (no enable_metrics) is not checked. 0 - no check.",
+        default=5.0,
     ),
     _opt(
         "pct",

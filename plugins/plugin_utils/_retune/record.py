@@ -23,6 +23,8 @@ FAILED = "failed"
 SKIPPED = "skipped"
 # Wedged (its own endpoints hang) while serving the desired settings: named, not touched.
 UNHEALTHY = "unhealthy"
+# How the agent's verdict on a stalled instance begins (plugins/module_utils/agent/stall.py).
+STALLED = "stalled: "
 # Predictions in check mode.
 WOULD_RELAUNCH = "would_relaunch"
 WOULD_START = "would_start"
@@ -99,9 +101,17 @@ def how_stopped(r: Mapping[str, Any]) -> str:
     return how + (f"; survivors killed by PID: {', '.join(signals)}" if signals else "")
 
 
+def was_unwell(wedged: list[str]) -> str:
+    """``was wedged (what did not answer)``, or ``was stalled (what was seen)``."""
+    stalled = all(w.startswith(STALLED) for w in wedged)
+    said = [w.removeprefix(STALLED) for w in wedged]
+    return f"was {'stalled' if stalled else 'wedged'} ({'; '.join(said)})"
+
+
 def wedged_words(r: Mapping[str, Any]) -> str:
-    """What the summary says of a wedged instance: what did not answer, and what became of it."""
-    what = f"{r['name']} was wedged ({'; '.join(r['wedged'])})"
+    """What the summary says of a wedged (or stalled) instance: what did not answer (or why it is
+    stalled), and what became of it."""
+    what = f"{r['name']} {was_unwell(r['wedged'])}"
     if r["action"] in (RELAUNCHED, ROLLED_BACK):
         return f"{what}: relaunched, stopped by {how_stopped(r)}"
     if r["action"] == UNHEALTHY:

@@ -125,6 +125,28 @@ def test_generation_hangs_while_health_is_200(sim):
     assert srv.health() == 200
 
 
+def _realtime_tokens(srv) -> float:
+    text = srv.get("/metrics")[1].decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:realtime_tokens_total{")
+    )
+
+
+def test_a_hung_server_processes_no_token_while_it_holds_requests(sim):
+    """sglang:realtime_tokens_total moves with every batch a working server runs and stays flat on a
+    hung one that holds requests: what the retune's pre-flight reads a stall from."""
+    sim.write_config({"faults": [{"kind": "generation_hang", "after_requests": 1}]})
+    srv = sim.start("--enable-metrics")
+    srv.wait_healthy()
+    before = _realtime_tokens(srv)
+    assert srv.post("/generate", {"text": "first", "sampling_params": {"max_new_tokens": 4}})[0] == 200
+    served = _realtime_tokens(srv)
+    assert served >= before + 4
+    with pytest.raises(OSError):
+        srv.post("/generate", {"text": "second", "sampling_params": {"max_new_tokens": 4}}, timeout=1.5)
+    assert _realtime_tokens(srv) == served and srv.health() == 200
+
+
 def test_port_taken_after_load(sim):
     sim.write_config({"faults": [{"kind": "port_taken"}], "timing": {"warmup_timeout_s": 1.0}})
     srv = sim.start()

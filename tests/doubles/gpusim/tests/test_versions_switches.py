@@ -65,7 +65,6 @@ FIRST_RELEASE = {
     "mamba_ratio_default_none": 20,
     "mamba_cap_warning": 18,
     "accept_rate_v11": 11,
-    "kv_line_has_dtype": 14,
     "meta_reasoning_tokens": 14,
     "model_info_v18": 18,
     "server_info_startup_time": 18,
@@ -86,7 +85,6 @@ def test_switches_turn_on_at_their_release(switch, first, patch):
 @pytest.mark.parametrize("patch", range(9, 25))
 def test_valued_switches(patch):
     v = Version((0, 5, patch))
-    assert v.load_weight_has_dtype is (patch < 23)
     assert v.kill_tree_wait_timeout == (60 if patch >= 19 else None)
     assert v.mamba_family == (9 if patch < 14 else 14 if patch < 18 else 18)
     assert v.prefill_layout == (9 if patch < 10 else 10 if patch < 11 else 11 if patch < 21 else 21)

@@ -99,6 +99,50 @@ def test_the_draft_loads_before_the_target_pools_from_0_5_14() -> None:
     assert order == {v: v != "0.5.9" for v in supported_versions()}
 
 
+def test_the_draft_writes_its_own_weight_lines_and_kv_line_in_every_release() -> None:
+    """With MTP/EAGLE the draft's own model runner writes the weight lines and a KV pool line too
+    (never the Mamba line, the caps or the scheduler's summary): read from each release's source,
+    with where the speculative worker builds that runner."""
+    for version in supported_versions():
+        facts = release_facts(version)
+        assert facts is not None
+        assert facts.draft_log_lines == ("kv_cache", "load_weight_begin", "load_weight_end"), version
+        vendored = json.loads((FACTS_DIR / f"{version}.json").read_text(encoding="utf-8"))["draft_log_lines"]
+        assert vendored["runner_made_at"] and all(
+            p.startswith("sglang/srt/speculative/") for p in vendored["runner_made_at"]
+        )
+        for hits in vendored["lines"].values():
+            assert any(hit["draft_guard"] is None for hit in hits)
+
+
+def test_a_line_the_target_alone_writes_is_not_the_drafts(tmp_path: Path) -> None:
+    """The generator reads an ``is_draft_worker`` condition around a format string: a line written
+    only when the runner is not the draft's is not among the draft's lines."""
+    gen = _generator()
+    src = tmp_path / "sglang" / "srt"
+    (src / "speculative").mkdir(parents=True)
+    (src / "model_executor").mkdir()
+    (src / "speculative" / "eagle_worker.py").write_text("ModelRunner(is_draft_worker=True)\n")
+    (src / "model_executor" / "model_runner.py").write_text(
+        "class ModelRunner:\n"
+        "    def load_model(self):\n"
+        '        logger.info(f"Load weight begin. avail mem={x:.2f} GB")\n'
+        "        if not self.is_draft_worker:\n"
+        '            logger.info(f"Load weight end. elapsed={y}")\n'
+        "        if self.is_draft_worker:\n"
+        "            pass\n"
+        "        else:\n"
+        '            logger.info(f"KV Cache is allocated. #tokens: {num_tokens}, K size: {k}")\n'
+    )
+    spec = gen.load_spec()
+    release = gen.Release(tmp_path)
+    found = gen.extract_draft_log_lines(
+        release, spec["draft_runner"], gen.extract_log_lines(release, spec["log_lines"])
+    )
+    assert found["runner_made_at"] == ["sglang/srt/speculative/eagle_worker.py:1"]
+    assert sorted(found["lines"]) == ["load_weight_begin"]
+
+
 # --------------------------------------------------------------------------------------------------
 # The startup constraints, as the validator applies them.
 

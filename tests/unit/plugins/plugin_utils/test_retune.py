@@ -574,6 +574,44 @@ def test_a_wedged_instance_with_the_desired_settings_is_relaunched_when_asked(op
     assert f"relaunched as asked (sglang_retune_{option})" in " ".join(out["instances"][0]["reasons"])
 
 
+STALL = (
+    "stalled: 0 running and 66 waiting requests and no token processed in 5s "
+    "(sglang:realtime_tokens_total stayed at 13993)"
+)
+
+
+def test_a_stalled_instance_to_change_is_relaunched_and_named_stalled() -> None:
+    """It answers /health and /server_info but processes nothing (the agent's stall probe): unhealthy
+    like a wedged one, relaunched with its siblings without waiting for a drain, named stalled."""
+    insts, inspected = four()
+    inspected["gpu1"] = facts("gpu1", stalled=STALL)
+    host = Host(inspected)
+    out = run(host, insts, wave_size=0)
+    assert not out.get("failed"), out["msg"]
+    assert [r["action"] for r in out["instances"]] == ["relaunched"] * 4
+    assert out["instances"][1]["reasons"][0] == STALL
+    assert out["wedged"] == [
+        "gpu1 was stalled (" + STALL.removeprefix("stalled: ") + "): relaunched, stopped by SIGTERM (systemctl stop)"
+    ]
+    stops = [payload for op, _unused, payload in host.calls if op == "stop"]
+    assert {n: p["wedged"] for stop in stops for n, p in stop.items()}["gpu1"] is True
+
+
+def test_a_stalled_instance_with_the_desired_settings_is_named_unhealthy_and_untouched() -> None:
+    insts, _unused = four()
+    inspected = {f"gpu{i}": facts(f"gpu{i}", argv=ARGV_NEW, mamba=200) for i in range(4)}
+    inspected["gpu1"] = facts("gpu1", argv=ARGV_NEW, mamba=200, stalled=STALL)
+    host = Host(inspected)
+    out = run(host, insts)
+    assert host.ops() == [("inspect", ["gpu0", "gpu1", "gpu2", "gpu3"])]
+    assert out["failed"] and not out["changed"]
+    assert out["summary"] == {"unchanged": ["gpu0", "gpu2", "gpu3"], "unhealthy": ["gpu1"]}
+    assert out["msg"].startswith("gpu1: " + STALL + ": its command line and environment (/proc) are the desired")
+    assert "sglang_retune_relaunch_wedged=true" in out["msg"]
+    asked = run(Host(dict(inspected)), insts, relaunch_wedged=True)
+    assert asked["summary"] == {"unchanged": ["gpu0", "gpu2", "gpu3"], "relaunched": ["gpu1"]}
+
+
 def test_a_wedged_instance_on_a_host_with_broken_evidence_blocks_the_host() -> None:
     insts, inspected = four()
     for name in inspected:

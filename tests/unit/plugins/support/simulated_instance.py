@@ -1,14 +1,14 @@
 """The simulated SGLang instance the plugin tests check the collection against (the GPU simulator,
 tests/doubles/gpusim): the GPUs' memory, the 7 x B200 run's first tuning, the simulator's memory
-plan for a set of settings, and what it prints (worker.py's startup lines) and serves (api.py's
-/server_info) for them. The tests import it as ``simulated_instance`` (tests/unit/plugins/conftest.py
+plan for a set of settings, and what it prints (the worker's startup lines, gpusim/startup.py) and
+serves (api.py's /server_info) for them. The tests import it as ``simulated_instance`` (tests/unit/plugins/conftest.py
 puts this folder on sys.path); only tests import the simulator, the product never does."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpusim import memory, profiles, release_facts
+from gpusim import memory, profiles, startup
 from gpusim.resolve import Resolved, _resolve_mamba
 from gpusim.versions import Version
 
@@ -137,8 +137,8 @@ def simulate(
     profile: str = "qwen3.6-27b",
     gpu: int = B200,
 ) -> tuple[list[str], dict[str, Any], memory.MemoryPlan, int]:
-    """What the simulator prints (worker.py's startup lines) and serves (api.py's /server_info) for
-    these settings, its memory plan and its GPU's memory.used (MiB)."""
+    """What the simulator prints (its worker's startup lines, written by gpusim/startup.py) and serves
+    (api.py's /server_info) for these settings, its memory plan and its GPU's memory.used (MiB)."""
     spec = args.get("speculative_algorithm") is not None
     inp, a = memory_inputs(
         release,
@@ -155,45 +155,14 @@ def simulate(
     prof = inp.profile
     plan = memory.plan(inp)
     assert memory.check_headroom(inp, plan) is None, "the activations and CUDA graphs would not fit"
-    # With MTP on 0.5.14+ the draft's own runner loads before the target's pools and logs its own
-    # weight and one-layer KV lines (as worker.py writes them, from facts/<version>.json).
-    draft_w = prof.draft_weights_gib if inp.spec_mtp else 0.0
-    split = draft_w > 0 and release_facts.draft_before_target_pools(release)
-    target_w = plan.weights_gib - draft_w if split else plan.weights_gib
-    share = prof.attention_layers / (prof.attention_layers + prof.draft_layers) if split else 1.0
-    journal = [
-        f"[2026-01-05 10:00:00] Load weight begin. avail mem={plan.avail_start_gib:.2f} GB",
-        f"[2026-01-05 10:00:02] Load weight end. elapsed=2.00 s, type={prof.architectures[0]}, "
-        f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - target_w:.2f} GB, mem usage={target_w:.2f} GB.",
-    ]
-    if split:
-        journal += [
-            f"[2026-01-05 10:00:02] Load weight begin. avail mem={plan.avail_after_weights_gib + draft_w:.2f} GB",
-            f"[2026-01-05 10:00:03] Load weight end. elapsed=0.05 s, type={prof.architectures[0]}MTP, "
-            f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={draft_w:.2f} GB.",
-        ]
-    if plan.mamba_k is not None:
-        line = (
-            f"[2026-01-05 10:00:03] Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
-            f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
-        )
-        if spec:
-            line += (
-                f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
-                f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
-            )
-        journal.append(line)
-    kv_dtype = "dtype: torch.bfloat16, " if inp.version.kv_line_has_dtype else ""
-    for part in [share, 1.0 - share] if split else [1.0]:
-        journal.append(
-            f"[2026-01-05 10:00:03] KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, "
-            f"K size: {plan.k_gib * part:.2f} GB, V size: {plan.v_gib * part:.2f} GB"
-        )
-    journal.append(
-        f"[2026-01-05 10:00:04] max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size=16384, "
-        f"max_prefill_tokens=16384, max_running_requests={plan.max_running}, context_len={prof.context_length}, "
-        f"available_gpu_mem={plan.avail_after_graph_gib():.2f} GB"
-    )
+    # The lines the collection reads, as the simulator's worker writes them (gpusim/startup.py): the
+    # target's weight lines, the draft's (its own runner: before the pools on 0.5.14+, after the
+    # target's pools and graphs on 0.5.9), the pools, the scheduler's summary.
+    args_for_log = {"chunked_prefill_size": 16384, "max_prefill_tokens": 16384, "context_len": prof.context_length}
+    written = [startup.load_weight_begin(plan.avail_start_gib)]
+    written += [text for _level, text in startup.startup_lines(inp, plan, args_for_log).all()]
+    journal = [f"[2026-01-05 10:00:{i:02d}] {text}" for i, text in enumerate(written)]
+    usage = startup.memory_usage(inp, plan)
     info = {
         **{k: v for k, v in a.items() if not k.startswith("_")},
         "mem_fraction_static": mem_fraction_static,
@@ -207,9 +176,9 @@ def simulate(
                 "max_mamba_cache_size": plan.mamba_k,
                 # The target's weights and KV pool; the free memory after the pools and graphs.
                 "memory_usage": {
-                    "weight": round(target_w, 3),
-                    "kvcache": round(plan.kv_gib * share, 3),
-                    "startup_available": round(plan.avail_after_graph_gib(), 3),
+                    "weight": round(usage["weight_gib"], 3),
+                    "kvcache": round(usage["kv_gib"], 3),
+                    "startup_available": round(usage["avail_end_gib"], 3),
                     "token_capacity": plan.kv_tokens,
                 },
             }

@@ -258,6 +258,11 @@ class Replica:
             m.set("sglang:spec_accept_length", lab, round(al, 2))
             m.set("sglang:spec_accept_rate", lab, round((al - 1) / max(1, self.cfg.draft_tokens - 1), 2))
 
+    def _count_tokens(self, mode: str, tokens: int) -> None:
+        """sglang:realtime_tokens_total: tokens processed, by mode, as each batch runs."""
+        if self.metrics is not None:
+            self.metrics.inc("sglang:realtime_tokens_total", {**self.labels, "mode": mode}, tokens)
+
     def _emit(self, r: Req, n: int, now: float) -> None:
         r.produced += n
         if r.first_token_at is None:
@@ -299,6 +304,7 @@ class Replica:
                     self.log.info(self._prefill_line(new, gap))
                 for r in new:
                     self._emit(r, 1, now)
+                self._count_tokens("prefill_compute", tokens)
                 self._publish()
             elif self.running:
                 n = len(self.running)
@@ -321,6 +327,9 @@ class Replica:
                     before_p = r.produced
                     self._emit(r, per, now)
                     self.tokens_since_log += r.produced - before_p
+                # Every decode step: batch size + accepted draft tokens (0.5.9
+                # managers/scheduler_metrics_mixin.py:480 log_decode_stats_every_iteration).
+                self._count_tokens("decode", n * per)
                 self.forward_ct_decode += 1
                 if self.forward_ct_decode % max(1, self.cfg.decode_log_interval) == 0:
                     elapsed = max(1e-6, now - self.last_decode_log)

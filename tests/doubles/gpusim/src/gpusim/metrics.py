@@ -121,6 +121,11 @@ DOCS = {
     "sglang:spec_accept_rate": ("gauge", "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch)."),
     "sglang:num_retracted_reqs": ("gauge", "The number of retracted requests."),
     "sglang:num_paused_reqs": ("gauge", "The number of paused requests by async weight sync."),
+    "sglang:realtime_tokens_total": (
+        "counter",
+        "Total number of tokens processed (updated on each log interval). "
+        "mode: prefill_compute, prefill_cache, decode.",
+    ),
     "sglang:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
     "sglang:generation_tokens_total": ("counter", "Number of generation tokens processed."),
     "sglang:num_requests_total": ("counter", "Number of requests processed."),

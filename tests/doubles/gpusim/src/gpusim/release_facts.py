@@ -58,3 +58,14 @@ def draft_before_target_pools(version: Version | str) -> bool:
 
 def token_usage_pools(version: Version | str) -> list[str]:
     return list(facts_for(version)["token_usage_pools"])
+
+
+def draft_log_lines(version: Version | str) -> list[str]:
+    """The startup lines the draft model's own runner writes too (MTP/EAGLE), as vendored."""
+    return sorted(facts_for(version)["draft_log_lines"]["lines"])
+
+
+def format_has(version: Version | str, line: str, piece: str) -> bool:
+    """Whether the release's format string of startup line ``line`` (a ``log_lines`` key) holds
+    ``piece``, e.g. ``dtype=`` in ``Load weight end`` (0.5.9 only)."""
+    return any(piece in hit["code"] for hit in facts_for(version)["log_lines"][line])

@@ -160,14 +160,6 @@ class Version:
     def accept_rate_v11(self) -> bool:
         return self.at_least(11)
 
-    @property
-    def kv_line_has_dtype(self) -> bool:
-        return self.at_least(14)
-
-    @property
-    def load_weight_has_dtype(self) -> bool:
-        return not self.at_least(23)
-
     # --- HTTP surface -------------------------------------------------------
     @property
     def retractions_key(self) -> str:

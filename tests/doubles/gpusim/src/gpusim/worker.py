@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpusim import driver, memory, proctitle, procutil, registry
+from gpusim import driver, memory, proctitle, procutil, registry, startup
 from gpusim.channel import Channel
 from gpusim.logutil import Logger
 from gpusim.profiles import ModelProfile
@@ -163,7 +163,7 @@ class Scheduler:
         )
         total_gib = inp.total_mib / 1024
         avail0 = total_gib - others / 1024 - prof.context_mib / 1024
-        self.log.info(f"Load weight begin. avail mem={avail0:.2f} GB")
+        self.log.info(startup.load_weight_begin(avail0))
         w = memory.weights_gib(inp)
         try:
             plan = memory.plan(inp)
@@ -182,104 +182,31 @@ class Scheduler:
         if failure is not None:
             self._wait_until(0.7)
             raise failure
-        dtype = f"dtype=torch.{prof.torch_dtype}, " if self.version.load_weight_has_dtype else ""
-        # With MTP the draft model has its own runner (facts/<version>.json scheduler_start). On
-        # 0.5.14+ it loads before the target's pools are sized (0.5.23 managers/scheduler.py:1128-1137):
-        # the target's weight lines, then the draft's, then the pools. On 0.5.9 it loads after the
-        # target's pools and CUDA graphs (managers/scheduler.py:563-565), out of what they leave.
-        draft_w = memory.draft_weights_gib(inp)
-        draft_layers = prof.draft_layers if inp.spec_mtp else 0
-        late = memory.draft_after_target_pools(inp)
-        split = draft_w > 0 and not late
-        target_w = plan.weights_gib - draft_w if split else plan.weights_gib
-        self.log.info(
-            f"Load weight end. elapsed={0.5 * self.startup_s:.2f} s, type={prof.architectures[0]}, {dtype}"
-            f"avail mem={plan.avail_after_weights_gib + plan.weights_gib - target_w:.2f} GB, "
-            f"mem usage={target_w:.2f} GB."
-        )
-        if split:
-            self.log.info(f"Load weight begin. avail mem={plan.avail_after_weights_gib + draft_w:.2f} GB")
-            self.log.info(
-                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
-                f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={draft_w:.2f} GB."
-            )
-        self._wait_until(0.7)
         rank0 = int(spec["tp_rank"]) == 0
-        for w_msg in plan.warnings:
-            # Sizing (the KV cap, the running-requests caps) comes before the pools are built
-            # (0.5.23 mem_cache/kv_cache_configurator.py:3140, 3184).
-            if ("max_total_tokens=" in w_msg or "max_running_requests" in w_msg) and rank0:
-                self.log.warning(w_msg)
-        if plan.mamba_k is not None:
-            line = (
-                f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_k}, "
-                f"conv_state size: {plan.conv_gib:.2f}GB, ssm_state size: {plan.ssm_gib:.2f}GB "
-            )
-            if spec["memory"].get("spec"):
-                line += (
-                    f"intermediate_ssm_state_cache size: {plan.inter_ssm_gib:.2f}GB "
-                    f"intermediate_conv_window_cache size: {plan.inter_conv_gib:.2f}GB "
-                )
-            self.log.info(line)
-        kv_dtype = f"dtype: torch.{prof.torch_dtype}, " if self.version.kv_line_has_dtype else ""
-        # The target's pool holds its own layers; the draft's (layer [0] only, the same #tokens,
-        # 0.5.23 mem_cache/kv_cache_configurator.py:2614-2622) logs its own line after it.
-        share = prof.attention_layers / (prof.attention_layers + draft_layers) if split else 1.0
-        pools = [share, 1.0 - share] if split else [1.0]
-        for part in pools:
-            self.log.info(
-                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.k_gib * part:.2f} GB, "
-                f"V size: {plan.v_gib * part:.2f} GB"
-            )
+        lines = startup.startup_lines(inp, plan, spec["args_for_log"], rank0=rank0, startup_s=self.startup_s)
+        self._say(lines, "weights")
+        self._wait_until(0.7)
+        self._say(lines, "sizing", "pools")
         self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
-        self.log.info(f"Memory pool end. avail mem={plan.avail_after_pools_gib():.2f} GB")
+        self._say(lines, "pools_end")
         if inp.cuda_graph_enabled:
-            self.log.info(
-                "Capture cuda graph begin. This can take up to several minutes. "
-                f"avail mem={plan.avail_after_pools_gib():.2f} GB"
-            )
+            self._say(lines, "graph_begin")
             self._wait_until(0.8)
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
             self._wait_until(0.95)
             self._set_mib(plan.final_mib - plan.late_draft_mib)
-            self.log.info(
-                f"Capture cuda graph end. Time elapsed: {0.15 * self.startup_s:.2f} s. "
-                f"mem usage={plan.graph_mib / 1024:.2f} GB. avail mem={plan.avail_after_graph_gib():.2f} GB."
-            )
+            self._say(lines, "graph_end")
         else:
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
-        if late:
-            # 0.5.9: the draft's runner (speculative/eagle_worker.py, is_draft_worker): its weights,
-            # then its one-layer pool with the target's #tokens (model_runner_kv_cache_mixin.py:402-403).
-            free = plan.avail_after_graph_gib()
-            self.log.info(f"Load weight begin. avail mem={free:.2f} GB")
-            self.log.info(
-                f"Load weight end. elapsed={0.02 * self.startup_s:.2f} s, type={prof.architectures[0]}MTP, {dtype}"
-                f"avail mem={free - draft_w:.2f} GB, mem usage={draft_w:.2f} GB."
-            )
-            self.log.info(
-                f"KV Cache is allocated. {kv_dtype}#tokens: {plan.kv_tokens}, K size: {plan.late_draft_k_gib:.2f} GB, "
-                f"V size: {plan.late_draft_v_gib:.2f} GB"
-            )
-            self.log.info(f"Memory pool end. avail mem={plan.avail_after_late_draft_gib():.2f} GB")
+        if plan.late_draft_mib:
+            self._say(lines, "late_draft")
             self._set_mib(plan.final_mib)
         self._wait_until(1.0)
-        for w_msg in plan.warnings:
-            if "max_total_tokens=" not in w_msg and "max_running_requests" not in w_msg and rank0:
-                self.log.warning(w_msg)
-        # The free memory once the pools and CUDA graphs exist (0.5.23 managers/scheduler.py:1262-1276).
-        avail_report = plan.avail_after_late_draft_gib()
-        if rank0:
-            a = spec["args_for_log"]
-            self.log.info(
-                f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={a['chunked_prefill_size']}, "
-                f"max_prefill_tokens={a['max_prefill_tokens']}, max_running_requests={plan.max_running}, "
-                f"context_len={a['context_len']}, available_gpu_mem={avail_report:.2f} GB"
-            )
+        self._say(lines, "warnings", "summary")
         return {
             "status": "ready",
             "max_total_num_tokens": plan.kv_tokens,
@@ -287,17 +214,15 @@ class Scheduler:
             "max_running_requests": plan.max_running,
             "max_mamba_cache_size": plan.mamba_k,
             "mamba_ratio": plan.mamba_ratio,
-            # memory_usage: the target's weights and its KV pool only (0.5.9 managers/scheduler.py:2655,
-            # 0.5.23 mem_cache/memory_pool.py:4359-4362).
-            "weight_gib": target_w,
-            "kv_gib": plan.kv_gib * share,
-            "mamba_gib": plan.mamba_gib,
-            "graph_gib": plan.graph_mib / 1024,
-            "avail_start_gib": plan.avail_start_gib,
-            "avail_end_gib": plan.avail_after_graph_gib(),
+            **startup.memory_usage(inp, plan),
             "final_mib": plan.final_mib,
             "pid": os.getpid(),
         }
+
+    def _say(self, lines: startup.StartupLines, *stages: str) -> None:
+        for stage in stages:
+            for level, text in lines.stages[stage]:
+                getattr(self.log, level)(text)
 
     def _others_mib(self, phys: int) -> int:
         holders = registry.scan(Path(self.spec["state_dir"]), float(self.spec["release_delay_s"]))

@@ -184,6 +184,92 @@ def test_inspect_reports_the_settings_evidence_and_the_records(tmp_path: Path) -
     assert (facts["installed_fingerprint"], facts["has_last_good"], facts["gpu_used_mib"]) == ("f0", False, {"0": 3})
 
 
+# -- inspect: a stalled instance (answers /health and /server_info, produces nothing) --------
+
+
+def metrics(running: int, waiting: int, tokens: int) -> tuple[int, str]:
+    """/metrics as SGLang exports it: the gauges per rank, the token counter per mode."""
+    lab = 'model_name="qwen3.6-27b",engine_type="unified",tp_rank="0",pp_rank="0"'
+    return 200, "\n".join(
+        [
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{{{lab}}} {running}.0",
+            f"sglang:num_queue_reqs{{{lab}}} {waiting}.0",
+            "# TYPE sglang:realtime_tokens_total counter",
+            f'sglang:realtime_tokens_total{{{lab},mode="prefill_compute"}} 100.0',
+            f'sglang:realtime_tokens_total{{{lab},mode="decode"}} {tokens}.0',
+        ]
+    )
+
+
+class MetricsHost(FakeHost):
+    """/metrics answers each read with the next of ``reads`` (the last one again after them)."""
+
+    def __init__(self, tmp_path: Path, reads: list[tuple[int | None, str]], **request: Any):
+        super().__init__(tmp_path, **request)
+        self.reads = list(reads)
+        self.metrics_read_at: list[float] = []
+
+    def http(
+        self, url: str, timeout: float, api_key: str = "", body: dict[str, Any] | None = None
+    ) -> tuple[int | None, str]:
+        if url.endswith("/metrics"):
+            self.metrics_read_at.append(self.clock)
+            return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+        return super().http(url, timeout, api_key, body)
+
+
+def inspect_stall(host: MetricsHost, **req: Any) -> dict[str, Any]:
+    host.serving(100, "inv-1", {"max_running_requests": 48})
+    install_desired(host)
+    return ops.run({"op": "inspect", "instances": [instance()], **req}, host)["instances"]["gpu0"]
+
+
+def test_an_instance_that_holds_requests_and_processes_no_token_is_stalled(tmp_path: Path) -> None:
+    """/health 200 and /server_info answer, but across the probe interval the requests stay and the
+    per-step token counter does not move: the instance is named stalled, with what was seen."""
+    host = MetricsHost(tmp_path, [metrics(3, 5, 1000)])
+    facts = inspect_stall(host)
+    assert facts["health_status"] == 200 and facts["unanswered"] == []
+    assert facts["stalled"] == (
+        "stalled: 3 running and 5 waiting requests and no token processed in 5s "
+        "(sglang:realtime_tokens_total stayed at 1100)"
+    )
+    assert host.metrics_read_at == [1000.0, 1005.0]  # the default probe interval, 5 s apart
+    assert facts["evidence_errors"] == []  # the host's evidence answers: unhealthy, not blocked
+
+
+def test_an_instance_whose_token_counter_moves_is_not_stalled(tmp_path: Path) -> None:
+    host = MetricsHost(tmp_path, [metrics(3, 5, 1000), metrics(3, 5, 1004)])
+    facts = inspect_stall(host, stall_probe_s=2)
+    assert "stalled" not in facts and "stall_check" not in facts
+    assert host.metrics_read_at == [1000.0, 1002.0]
+
+
+def test_an_idle_instance_is_read_once_and_not_stalled(tmp_path: Path) -> None:
+    host = MetricsHost(tmp_path, [metrics(0, 0, 1000)])
+    facts = inspect_stall(host)
+    assert "stalled" not in facts and host.metrics_read_at == [1000.0]
+
+
+def test_without_metrics_the_stall_is_not_checked_and_nothing_is_concluded(tmp_path: Path) -> None:
+    host = MetricsHost(tmp_path, [(404, '{"detail":"Not Found"}')])
+    facts = inspect_stall(host)
+    assert "stalled" not in facts
+    assert facts["stall_check"] == "not checked: /metrics answered 404"
+    (tmp_path / "b").mkdir()
+    host = MetricsHost(tmp_path / "b", [metrics(3, 0, 7)])
+    assert "stalled" not in inspect_stall(host, stall_probe_s=0) and host.metrics_read_at == []
+
+
+def test_a_wedged_instance_is_not_probed_for_a_stall(tmp_path: Path) -> None:
+    host = MetricsHost(tmp_path, [metrics(3, 5, 1000)])
+    host.serving(100, "inv-1", {})
+    host.answers["/server_info"] = (None, "TimeoutError: timed out")
+    facts = ops.run({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
+    assert facts["unanswered"] and "stalled" not in facts and host.metrics_read_at == []
+
+
 # -- stop ------------------------------------------------------------------------------------
 
 

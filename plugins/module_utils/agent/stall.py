@@ -1,0 +1,100 @@
+# Copyright: sglang-fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""A stalled instance: one that answers /health and /server_info but has stopped producing (SGLang
+servers are reported to accept requests and then generate nothing, /health still 200).
+
+Read from the instance's own /metrics, twice, ``interval`` seconds apart: requests in it (running
+or waiting, ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``) at both reads, and
+``sglang:realtime_tokens_total`` (summed over its modes: prefill_compute, prefill_cache, decode)
+the same at both. That counter moves with every decode step and every prefill batch (0.5.9
+``managers/scheduler_metrics_mixin.py:245,480``; every supported release defines it), unlike
+``sglang:generation_tokens_total``, which moves only when a request finishes and so stays flat for
+minutes on a healthy server running long requests. The second read is made only when the first
+finds requests. Without /metrics (a server started without ``--enable-metrics``) or the metrics
+named, nothing is concluded: the result says why it was not checked.
+
+The gauges are the scheduler's last report: an idle server resets them within its idle check's
+interval (30 s), so a server that went idle moments before may still show requests; a stall is
+concluded only when, in addition, the counter stays flat.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .evidence import clip
+from .host import Host
+from .http_client import instance_url
+
+TOKENS = "sglang:realtime_tokens_total"
+REQUESTS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def work_done(text: str) -> dict[str, float]:
+    """From Prometheus text exposition: the requests in the server (the largest value of each gauge
+    over its series - TP/DP ranks -, running plus waiting) and the tokens processed (the counter
+    summed over its series). A metric the text lacks is absent from the result."""
+    gauges: dict[str, float] = {}
+    tokens: float | None = None
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        name = match.group(1)
+        if name != TOKENS and name not in REQUESTS:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        if name == TOKENS:
+            tokens = (tokens or 0.0) + value
+        else:
+            gauges[name] = max(gauges.get(name, value), value)
+    out: dict[str, float] = {}
+    if tokens is not None:
+        out["tokens"] = tokens
+    if all(g in gauges for g in REQUESTS):
+        out["running"] = gauges[REQUESTS[0]]
+        out["waiting"] = gauges[REQUESTS[1]]
+    return out
+
+
+def _read(host: Host, instance: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    status, body = host.http(instance_url(instance, "/metrics"), host.http_timeout, host.api_key)
+    if status != 200:
+        return None, f"/metrics answered {status or host.redactor.text(clip(body, 200))}"
+    got = work_done(body)
+    missing = [m for m, k in ((TOKENS, "tokens"), (" and ".join(REQUESTS), "running")) if k not in got]
+    if missing:
+        return None, f"/metrics has no {', '.join(missing)}"
+    return got, ""
+
+
+def probe_stall(host: Host, instance: dict[str, Any], interval: float) -> dict[str, Any]:
+    """``stalled`` (why, in words) when the instance holds requests and processed no token over
+    ``interval`` seconds; ``stall_check`` (why not) when that could not be read; else nothing."""
+    if interval <= 0:
+        return {}
+    first, why = _read(host, instance)
+    if first is None:
+        return {"stall_check": f"not checked: {why}"}
+    if first["running"] + first["waiting"] <= 0:
+        return {}
+    host.sleep(interval)
+    second, why = _read(host, instance)
+    if second is None:
+        return {"stall_check": f"not checked: {why}"}
+    held = second["running"] + second["waiting"]
+    # A counter that went down was restarted (a new process): that is not a stall.
+    if held > 0 and second["tokens"] == first["tokens"]:
+        return {
+            "stalled": f"stalled: {second['running']:.0f} running and {second['waiting']:.0f} waiting requests "
+            f"and no token processed in {interval:g}s ({TOKENS} stayed at {second['tokens']:.0f})"
+        }
+    return {}
