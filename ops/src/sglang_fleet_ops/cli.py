@@ -434,7 +434,10 @@ def cmd_trial(c: Command) -> int:
     drawn, missing = pictures.trial_picture(reports.get("advise"), reports.get("trial-observe"), trial, c.run_dir)
     trial["picture"] = str(drawn) if drawn else missing
     write_json(c.run_dir / "trial.json", trial)
-    text = trial_mod.trial_text(trial) + picture_lines([drawn] if drawn else [], missing)
+    drawn_advice: list[Path] = []
+    if reports.get("advise") is not None:
+        drawn_advice, _none = pictures.advice_pictures(reports["advise"], c.run_dir)
+    text = trial_mod.trial_text(trial) + picture_lines([*drawn_advice, *([drawn] if drawn else [])], missing)
     code = trial_mod.trial_exit(trial)
     found = None
     if proposer is not None:
