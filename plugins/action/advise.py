@@ -20,6 +20,10 @@ from ansible.utils.display import Display
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import evidence_from_observation
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (
+    instances_to_measure,
+    share_measurements,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME, agent_options
 
@@ -27,6 +31,7 @@ display = Display()
 
 OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
 POLICY_KEYS = frozenset(diagnose.Policy.__dataclass_fields__)
+MEASURE_KEYS = frozenset(("levels", "step_s", "interval", "settle", "drain_timeout", "max_new_tokens"))
 INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
 
 # The options it shares with the retune (nvidia_smi, nvidia_smi_timeout, http_timeout, pct) are
@@ -47,6 +52,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "http_timeout": BY_NAME["http_timeout"].spec(),
     "pct": BY_NAME["pct"].spec(),
     "client_units": {"type": "list", "elements": "str", "default": []},
+    "measure": {"type": "bool", "default": False},
+    "measure_options": {"type": "dict", "default": {}},
     "policy": {"type": "dict", "default": {}},
 }
 
@@ -86,6 +93,11 @@ class ActionModule(ActionBase):
                     "sample_metrics": not prometheus,
                     "journal_pattern": JOURNAL_PATTERN,
                     "client_units": list(args["client_units"]),
+                    **(
+                        {"measure": {**args["measure_options"], "instances": instances_to_measure(instances)}}
+                        if args["measure"]
+                        else {}
+                    ),
                 },
                 "pct": args["pct"],
             },
@@ -104,6 +116,7 @@ class ActionModule(ActionBase):
             out["host_problem"] = f"the observe phase failed: {observed.get('msg')}"
             return out
         by_name = observed.get("instances") or {}
+        share_measurements(instances, by_name)
         gpus_by_place = observed.get("containers") or {}
         if prometheus:
             end = time.time()
@@ -189,6 +202,9 @@ def check_args(args: dict[str, Any]) -> list[str]:
             problems.append(f"{key} must be > 0")
     if args["interval"] > args["window"]:
         problems.append("interval must not exceed window")
+    unknown_measure = sorted(set(args["measure_options"]) - MEASURE_KEYS)
+    if unknown_measure:
+        problems.append(f"measure_options: unknown key(s) {unknown_measure}; known: {sorted(MEASURE_KEYS)}")
     unknown = sorted(set(args["policy"]) - POLICY_KEYS)
     if unknown:
         problems.append(f"policy: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)}")

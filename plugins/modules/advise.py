@@ -104,6 +104,29 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  measure:
+    description:
+      - Opt in to the stepped measurement after the window, on one instance per set of settings of
+        the host (the others of the set get its figures and keep generating) - the host's
+        generation clients that send to it are drained (nothing new sent there for a few seconds),
+        the instance must then be idle, and the agent keeps its own requests, shaped like the
+        window's, at a few concurrencies (shares of the effective max) for a few seconds each while
+        sampling C(/metrics); then the clients are resumed. The throughput model fits the
+        instance's decode step time against its running requests from those samples where the
+        window did not vary them (C(docs/advisor.md)).
+      - Costs the measured instance its generation for the drain and the steps (about 25 seconds
+        by default).
+    type: bool
+    default: false
+  measure_options:
+    description:
+      - The measurement's C(levels) (shares of the effective max, default C([0.25, 0.5, 1.0])),
+        C(step_s) (seconds per level, default 4), C(interval) (seconds between samples, default
+        0.25), C(settle) (share of each step left out while the gauges catch up, default 0.4),
+        C(drain_timeout) (seconds the clients' requests in flight get, default 10) and
+        C(max_new_tokens) (of each request, default 1024).
+    type: dict
+    default: {}
   policy:
     description:
       - Overrides of the advisor's thresholds and limits (C(plugin_utils/_advisor/vocabulary.py) C(Policy); see

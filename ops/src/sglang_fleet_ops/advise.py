@@ -27,6 +27,7 @@ def advise_extravars(
     interval: float | None = None,
     prometheus: str | None = None,
     out: Path | None = None,
+    measure: bool = False,
 ) -> dict[str, Any]:
     """The playbook's variables for the options given (none of them secret: the runner records them)."""
     extravars: dict[str, Any] = {}
@@ -38,6 +39,8 @@ def advise_extravars(
         extravars["sglang_advise_prometheus_url"] = prometheus
     if out is not None:
         extravars["sglang_advise_output"] = str(out.resolve())
+    if measure:
+        extravars["sglang_advise_measure"] = True
     return extravars
 
 

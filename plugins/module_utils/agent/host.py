@@ -135,6 +135,10 @@ class Host:
     ) -> tuple[int | None, str]:
         return http_client.http_request(url, timeout, api_key, body)
 
+    def load(self, url: str, body: dict[str, Any], concurrency: int, stream: bool = True) -> http_client.SteadyLoad:
+        """``concurrency`` requests kept open to ``url`` until ``stop()``."""
+        return http_client.SteadyLoad(url, body, concurrency, self.http_timeout, self.api_key, stream).start()
+
     # -- the generation clients' control sockets ------------------------------------------------
 
     def client_socket(self, unit: str) -> str:

@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
 from .host import Host, parallel
-from .http_client import instance_url
+from .http_client import effective_max_running_requests, instance_url
 from .op_clients import clients_by_instance
+from .op_measure import measure_instance, workload_shape
 from .request import need
 from .systemd import identity
 
@@ -54,6 +55,7 @@ GAUGES = {
 COUNTERS = {
     "sglang:generation_tokens_total": "generation_tokens_total",
     "sglang:num_requests_total": "num_requests_total",
+    "sglang:prompt_tokens_total": "prompt_tokens_total",
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -98,13 +100,18 @@ def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:
     running = [i for i in instances if results[i["name"]]["running"]]
     _read_server_info(host, instances, running, results)
     gpus = _GpuMemory(host)
-    start = _sample_window(host, running, results, gpus, sample, window, interval)
+    read_metrics = _metrics_reader(host, interval)
+    start = _sample_window(host, running, results, gpus, read_metrics, sample, window, interval)
+    senders, clients_problems = _clients(req, host, instances, results)
+    window_s = round(host.monotonic() - start, 3)
+    if req.get("measure"):
+        measured(req["measure"], running, results, senders, host, read_metrics)
     return {
         "instances": results,
-        "clients_problems": _clients(req, host, instances, results),
+        "clients_problems": clients_problems,
         "gpus": gpus.seen,
         "gpu_error": gpus.error,
-        "window_s": round(host.monotonic() - start, 3),
+        "window_s": window_s,
         "interval_s": interval,
         "sampled": sample,
     }
@@ -183,18 +190,8 @@ class _GpuMemory:
             self.error = exc.to_dict()
 
 
-def _sample_window(
-    host: Host,
-    running: list[dict[str, Any]],
-    results: dict[str, dict[str, Any]],
-    gpus: _GpuMemory,
-    sample: bool,
-    window: float,
-    interval: float,
-) -> float:
-    """The GPUs and each running instance's /metrics every ``interval`` over ``window`` (once,
-    the GPUs alone, without ``sample``); at most three distinct /metrics errors per instance.
-    Returns when the window started."""
+def _metrics_reader(host: Host, interval: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """An instance's /metrics, parsed (``{"values": ...}``), or ``{"error": ...}``."""
     timeout = max(1.0, min(host.http_timeout, interval))
 
     def metrics(inst: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +200,22 @@ def _sample_window(
             return {"error": f"/metrics answered {status}: {clip(host.redactor.text(body), 200)}"}
         return {"values": parse_metrics(body)}
 
+    return metrics
+
+
+def _sample_window(
+    host: Host,
+    running: list[dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    gpus: _GpuMemory,
+    metrics: Callable[[dict[str, Any]], dict[str, Any]],
+    sample: bool,
+    window: float,
+    interval: float,
+) -> float:
+    """The GPUs and each running instance's /metrics (``metrics``) every ``interval`` over
+    ``window`` (once, the GPUs alone, without ``sample``); at most three distinct /metrics errors
+    per instance. Returns when the window started."""
     start = host.monotonic()
     tick = 0
     while True:
@@ -228,15 +241,52 @@ def _sample_window(
 
 def _clients(
     req: dict[str, Any], host: Host, instances: list[dict[str, Any]], results: dict[str, dict[str, Any]]
-) -> list[str]:
-    """Which generation clients send to each instance (when ``client_units`` are given)."""
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """Which generation clients send to each instance (when ``client_units`` are given), and the
+    problems finding them out."""
     if not req.get("client_units"):
-        return []
+        return {}, []
     senders, problems = clients_by_instance({"client_units": req["client_units"], "instances": instances}, host)
     for name, endpoints in senders.items():
         if name in results:
             results[name]["clients"] = endpoints
-    return problems
+    return senders, problems
+
+
+def measured(
+    spec: dict[str, Any],
+    running: list[dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    senders: dict[str, list[dict[str, Any]]],
+    host: Host,
+    read_metrics: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """The stepped measurement (:mod:`.op_measure`) of the named instances, at once (each on its
+    own GPUs), after the window: its samples and summary into each one's result."""
+    names = set(spec.get("instances") or [])
+    targets: list[dict[str, Any]] = []
+    for inst in running:
+        if inst["name"] not in names:
+            continue
+        eff = effective_max_running_requests(results[inst["name"]].get("server_info") or {})
+        if eff is None:
+            results[inst["name"]]["measure_error"] = "no effective max running requests in /server_info"
+            continue
+        targets.append({"inst": inst, "eff": eff})
+
+    def one(item: dict[str, Any]) -> dict[str, Any]:
+        inst: dict[str, Any] = item["inst"]
+        shape = workload_shape(results[inst["name"]]["samples"])
+        return measure_instance(
+            inst, host, {**shape, **spec}, int(item["eff"]), senders.get(inst["name"]) or [], read_metrics
+        )
+
+    for item, got in zip(targets, parallel(one, targets)):
+        name = str(item["inst"]["name"])
+        results[name].update({"measure_error": got.get("msg") or "failed"} if got.get("failed") else got)
+    for name in names - {str(t["inst"]["name"]) for t in targets}:
+        if name in results and "measure_error" not in results[name]:
+            results[name]["measure_error"] = "the unit is not running"
 
 
 # ------------------------------------------------------------------------------------------------

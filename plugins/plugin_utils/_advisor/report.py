@@ -112,8 +112,12 @@ def _throughput_words(prop: Mapping[str, Any]) -> str:
         prop.get("throughput_factor_expected"),
         prop.get("throughput_before"),
     )
+    model = prop.get("throughput_model") or {}
+    how = {"window": " (the window's step times)", "measurement": " (the measured step times)"}.get(
+        str(model.get("method")), " (the documented exponent)" if model else ""
+    )
     words = (
-        f"  throughput x{expected:.2f} expected, x{factor:.2f} at most"
+        f"  throughput x{expected:.2f} expected{how}, x{factor:.2f} at most"
         if expected is not None
         else f"  throughput x{factor:.2f}"
     )

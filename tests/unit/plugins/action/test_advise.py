@@ -24,7 +24,7 @@ from ansible_collections.sglang_ops.fleet.plugins.modules import advise_report a
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import resolve_instances
 
-# inventories/demo/first_tuning.yml: the 7 x B200 run before its retune.
+# inventories/demo/group_vars/sglang_servers.yml: the 7 x B200 run before its retune.
 HOST_ARGS = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3"}
 HOSTVARS = {
     "sglang_server_version": "0.5.23",

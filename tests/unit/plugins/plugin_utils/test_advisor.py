@@ -482,7 +482,7 @@ def test_clients_that_follow_the_servers_max_are_counted_at_the_new_max() -> Non
     data = advisor.advise_instance(follows).to_dict()
     text = advice_report.report_text(advice_report.fleet_report([data]))
     expected, most = data["proposal"]["throughput_factor_expected"], data["proposal"]["throughput_factor"]
-    assert f"  throughput x{expected:.2f} expected, x{most:.2f} at most (1200 -> ~" in text
+    assert f"  throughput x{expected:.2f} expected (the documented exponent), x{most:.2f} at most (1200 -> ~" in text
     # A fixed concurrency of 20 stays 20 after the relaunch: the prediction counts 20 running.
     fixed = dataclasses.replace(ev, observation={**ev.observation, "clients": [{**client, "follows_server": False}]})
     prop = advisor.advise_instance(fixed).proposal

@@ -49,6 +49,7 @@ def test_parse_metrics_on_the_reference_exposition() -> None:
         "num_running_reqs": 3.0,
         "token_usage": 0.05,
         "max_total_num_tokens": 1.5e6,
+        "prompt_tokens_total": 7.0,  # the measurement's requests take the window's shape
     }
     # Gauges: the largest over the ranks; counters: the sum over their series (is_streaming).
     text = (
