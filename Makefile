@@ -18,13 +18,14 @@ SCENARIOS   ?= fleet advisor retune generation server monitoring server_lxc defa
 MOLECULE_JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv collections image lint unit molecule test demo demo-clean clean bench
+.PHONY: help setup apt venv collections image lint unit molecule test demo demo-hand demo-clean clean bench
 
 help:
 	@echo "make demo        set up, start a demo fleet of simulated GPU hosts, deploy, retune"
 	@echo "make test        set up, then lint, unit tests and every Molecule scenario"
 	@echo "make setup       apt packages, virtualenv, collections, test-host image"
 	@echo "make lint | unit | molecule [SCENARIOS='default ...']"
+	@echo "make demo-hand   the same fleet, retuned to the run's hand tuning instead of the advisor's patch"
 	@echo "make demo-clean  remove the demo fleet"
 
 setup: apt venv collections image
@@ -67,14 +68,33 @@ molecule: venv collections image
 test:
 	@tools/stages.sh setup lint unit molecule
 
+DEMO := $(abspath .cache/demo)
+
 demo: setup
 	@$(BIN)/ansible-playbook playbooks/demo.yml
+	@date +%s > $(DEMO)/began
+	@echo; echo "=== sglang-fleet-ops advise --measure --trial   (what limits the servers while the job runs; the advisor's own patch tried on one canary)"
+	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 0.5 --measure --trial --settle 15 --out $(DEMO)/sglang-fleet-advice.yml
+	@$(BIN)/python tools/demo_advice.py extravars $(DEMO)/sglang-fleet-advice.yml $(DEMO)/advised.yml
+	@echo; echo "=== ansible-playbook retune.yml -e @.cache/demo/advised.yml   (the advisor's patch, to the whole fleet while the job generates)"
+	@$(BIN)/ansible-playbook retune.yml -e @$(DEMO)/advised.yml
+	@echo; echo "=== ansible-playbook retune.yml -e @.cache/demo/advised.yml   (again: nothing to change)"
+	@$(BIN)/ansible-playbook retune.yml -e @$(DEMO)/advised.yml
+	@echo; echo "=== sglang-fleet-ops advise   (the fleet after the advisor's patch)"
+	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 0.5 --out $(DEMO)/sglang-fleet-advice-after.yml
+	@echo; echo "=== predicted and measured throughput, side by side"
+	@$(BIN)/python tools/demo_advice.py compare .sglang-fleet-ops/runs $$(cat $(DEMO)/began)
+	@echo; echo "=== the generation job ran through every retune: its completions so far, each exactly once"
+	@$(BIN)/ansible-playbook playbooks/demo_verify.yml
+
+demo-hand: setup
+	@$(BIN)/ansible-playbook playbooks/demo.yml
 	@echo; echo "=== sglang-fleet-ops advise   (what limits the servers while the job runs, and the change to make)"
-	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 1 --out $(abspath .cache/demo/sglang-fleet-advice.yml)
-	@echo; echo "=== ansible-playbook retune.yml   (the run's own tuning: Mamba cache 80 -> 200 slots, memory fraction 0.93, ...)"
-	@$(BIN)/ansible-playbook retune.yml
-	@echo; echo "=== ansible-playbook retune.yml   (again: nothing to change)"
-	@$(BIN)/ansible-playbook retune.yml
+	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 1 --out $(DEMO)/sglang-fleet-advice.yml
+	@echo; echo "=== ansible-playbook retune.yml -e @inventories/demo/hand_tuning.yml   (the run's own tuning: Mamba cache 80 -> 200 slots, memory fraction 0.93, ...)"
+	@$(BIN)/ansible-playbook retune.yml -e @inventories/demo/hand_tuning.yml
+	@echo; echo "=== ansible-playbook retune.yml -e @inventories/demo/hand_tuning.yml   (again: nothing to change)"
+	@$(BIN)/ansible-playbook retune.yml -e @inventories/demo/hand_tuning.yml
 	@echo; echo "=== the generation job ran through both: its completions so far, each exactly once"
 	@$(BIN)/ansible-playbook playbooks/demo_verify.yml
 

@@ -52,7 +52,7 @@ def advise_events(report: bool = True) -> list[dict[str, Any]]:
                 "runner_on_ok",
                 "b200-node",
                 advise.REPORT_TASK,
-                advise.ADVISE,
+                advise.REPORT,
                 {
                     "report": {
                         "format": 1,
@@ -135,7 +135,7 @@ def test_the_report_task_the_cli_reads_exists() -> None:
     (play,) = yaml.safe_load((REPO / "playbooks" / "advise.yml").read_text())
     assert play["name"] == PLAY
     names = {t["name"]: t for t in play["tasks"]}
-    assert advise.ADVISE in names[advise.REPORT_TASK] and advise.ADVISE in names[advise.OBSERVE_TASK]
+    assert advise.REPORT in names[advise.REPORT_TASK] and advise.ADVISE in names[advise.OBSERVE_TASK]
     for var in (
         "sglang_advise_window",
         "sglang_advise_interval",

@@ -196,7 +196,19 @@ def test_the_cli_runs_the_trial_and_prints_json(project: Path, monkeypatch: pyte
     monkeypatch.setattr(cli.advise_mod, "build_advice", lambda run: fakes.advise(None, None))
     monkeypatch.setattr(cli.apply_mod, "build_outcome", lambda run: fakes.retunes.pop(0))
     out, err = io.StringIO(), io.StringIO()
-    argv = ["advise", "--trial", "--json", "--settle", "0", "--window", "60", "--project-dir", str(project)]
+    argv = [
+        "advise",
+        "--trial",
+        "--json",
+        "--settle",
+        "0",
+        "--window",
+        "60",
+        "--measure",
+        "--project-dir",
+        str(project),
+    ]
+    argv += ["--out", str(project / "advice.yml")]
     code = cli.main(argv, runner=runner, out=out, err=err)
     assert code == 0, err.getvalue()
     printed = json.loads(out.getvalue())
@@ -207,6 +219,12 @@ def test_the_cli_runs_the_trial_and_prints_json(project: Path, monkeypatch: pyte
         ("b200-node", "sglang_ops.fleet.advise"),
     ]
     assert seen[1][2]["sglang_retune_only"] == ["gpu0"] and seen[0][2]["sglang_advise_window"] == 60.0
+    # The measurement and --out are the advice's; the trial's observation measures the canary as it
+    # runs and leaves the advice's patch alone (its own goes to the run dir).
+    assert seen[0][2]["sglang_advise_measure"] is True
+    assert seen[0][2]["sglang_advise_output"] == str((project / "advice.yml").resolve())
+    assert "sglang_advise_measure" not in seen[2][2]
+    assert seen[2][2]["sglang_advise_output"].endswith("/trial-observe-advice.yml")
 
 
 # ------------------------------------------------------------------------------------------

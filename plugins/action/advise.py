@@ -3,38 +3,39 @@
 """Action plugin sglang_ops.fleet.advise: find what limits each instance's throughput and
 propose the tuning change, as an inventory patch; nothing is ever applied.
 
-Two uses (documentation: plugins/modules/advise.py):
-
-* per host, with ``instances``: runs the observe phase on the host (``sglang_ops.fleet.advise_observe``,
-  the agent's ``observe``), or reads the metrics from Prometheus when ``prometheus_url`` is set,
-  then the pure advisor (``plugin_utils/_advisor/diagnose.py``) per instance;
-* once, with ``results`` (every host's result of the first use): the fleet report, and the patch
-  file written on the controller at ``output``.
+Per host (documentation: plugins/modules/advise.py): runs the observe phase on the host
+(``sglang_ops.fleet.advise_observe``, the agent's ``observe``), or reads the metrics from Prometheus
+when ``prometheus_url`` is set, then the pure advisor (``plugin_utils/_advisor/diagnose.py``) per
+instance. The fleet report from every host's result is sglang_ops.fleet.advise_report's.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from typing import Any
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose as _advisor
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import evidence as _advice_evidence
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import patch as _advice_patch
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import report as _advice_report
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import evidence_from_observation
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (
+    instances_to_measure,
+    share_measurements,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME, agent_options
 
 display = Display()
 
 OBSERVE_MODULE = "sglang_ops.fleet.advise_observe"
-POLICY_KEYS = frozenset(_advisor.Policy.__dataclass_fields__)
+POLICY_KEYS = frozenset(diagnose.Policy.__dataclass_fields__)
+MEASURE_KEYS = frozenset(("levels", "step_s", "interval", "settle", "drain_timeout", "max_new_tokens"))
 INVENTORY_VARIABLES = ("sglang_server_args", "sglang_server_host_args", "sglang_server_instances")
 
+# The options it shares with the retune (nvidia_smi, nvidia_smi_timeout, http_timeout, pct) are
+# the retune's option table's; every other option the agent reads is sent with the table's default.
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "instances": {"type": "list", "elements": "dict"},
     "window": {"type": "float", "default": 300.0},
@@ -46,14 +47,14 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "prometheus_validate_certs": {"type": "bool", "default": True},
     "prometheus_username": {"type": "str"},
     "prometheus_password": {"type": "str", "no_log": True},
-    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
-    "nvidia_smi_timeout": {"type": "float", "default": 20.0},
-    "http_timeout": {"type": "float", "default": 30.0},
-    "pct": {"type": "str", "default": "pct"},
+    "nvidia_smi": BY_NAME["nvidia_smi"].spec(),
+    "nvidia_smi_timeout": BY_NAME["nvidia_smi_timeout"].spec(),
+    "http_timeout": BY_NAME["http_timeout"].spec(),
+    "pct": BY_NAME["pct"].spec(),
     "client_units": {"type": "list", "elements": "str", "default": []},
+    "measure": {"type": "bool", "default": False},
+    "measure_options": {"type": "dict", "default": {}},
     "policy": {"type": "dict", "default": {}},
-    "results": {"type": "dict"},
-    "output": {"type": "path"},
 }
 
 
@@ -71,10 +72,7 @@ class ActionModule(ActionBase):
         if problems:
             result.update(failed=True, changed=False, msg="invalid arguments: " + "; ".join(problems))
             return result
-        if args.get("results") is not None:
-            result.update(report(args))
-        else:
-            result.update(self.observe_and_advise(args, task_vars))
+        result.update(self.observe_and_advise(args, task_vars))
         result["changed"] = False
         return result
 
@@ -89,14 +87,17 @@ class ActionModule(ActionBase):
             module_args={
                 "instances": slim,
                 "options": {
+                    **agent_options(args),
                     "window": window,
                     "interval": interval,
                     "sample_metrics": not prometheus,
                     "journal_pattern": JOURNAL_PATTERN,
-                    "nvidia_smi": args["nvidia_smi"],
-                    "nvidia_smi_timeout": args["nvidia_smi_timeout"],
-                    "http_timeout": args["http_timeout"],
                     "client_units": list(args["client_units"]),
+                    **(
+                        {"measure": {**args["measure_options"], "instances": instances_to_measure(instances)}}
+                        if args["measure"]
+                        else {}
+                    ),
                 },
                 "pct": args["pct"],
             },
@@ -115,6 +116,7 @@ class ActionModule(ActionBase):
             out["host_problem"] = f"the observe phase failed: {observed.get('msg')}"
             return out
         by_name = observed.get("instances") or {}
+        share_measurements(instances, by_name)
         gpus_by_place = observed.get("containers") or {}
         if prometheus:
             end = time.time()
@@ -140,12 +142,12 @@ class ActionModule(ActionBase):
                 )
                 facts["samples"] = samples
                 facts["metrics_errors"] = problems[:3]
-        policy = _advisor.Policy(**args["policy"])
+        policy = diagnose.Policy(**args["policy"])
         for inst in instances:
             place = "host" if inst.get("container") is None else str(inst["container"])
             host_side = gpus_by_place.get(place) or {}
             observation = by_name.get(inst["name"]) or {"server_info_error": "no observation"}
-            evidence = _advice_evidence.evidence_from_observation(
+            evidence = evidence_from_observation(
                 hostname,
                 inst,
                 observation,
@@ -155,7 +157,7 @@ class ActionModule(ActionBase):
                 out["source"],
             )
             display.vvv(f"advise: {inst['name']}: {len(observation.get('samples') or [])} samples", host=hostname)
-            advice = _advisor.advise_instance(evidence, policy).to_dict()
+            advice = diagnose.advise_instance(evidence, policy).to_dict()
             # A client that runs but did not say what it sends: the prediction could not count it.
             advice["problems"] += list(host_side.get("clients_problems") or [])
             out["instances"].append(advice)
@@ -165,18 +167,14 @@ class ActionModule(ActionBase):
         self, task_vars: dict[str, Any], resolved: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
         """The host's settings layers as the inventory writes them (for the patch), and its
-        instances as ``sglang_server_instances`` entries (for ``advise --trial``, which relaunches
-        one of them with the proposal as its own args)."""
+        instances as ``sglang_server_instances`` entries, each with its own args (the patch's
+        per-instance layer, and ``advise --trial``, which relaunches one of them with the proposal
+        as its own args)."""
         templar = self._templar.copy_with_new_env(available_variables=task_vars)
         values = {name: templar.template(task_vars[name]) for name in INVENTORY_VARIABLES if name in task_vars}
-        instance_args = {}
-        for entry in values.get("sglang_server_instances") or []:
-            if isinstance(entry, dict) and entry.get("name") and entry.get("args"):
-                instance_args[str(entry["name"])] = dict(entry["args"])
         return {
             "sglang_server_args": dict(values.get("sglang_server_args") or {}),
             "sglang_server_host_args": dict(values.get("sglang_server_host_args") or {}),
-            "instance_args": instance_args,
             "instances": layout_entries(values.get("sglang_server_instances"), resolved or []),
         }
 
@@ -197,15 +195,16 @@ def layout_entries(entries: Any, resolved: list[dict[str, Any]]) -> list[dict[st
 
 def check_args(args: dict[str, Any]) -> list[str]:
     problems = []
-    if args.get("results") is None and args.get("instances") is None:
-        problems.append("give instances (the observe phase of a host) or results (the fleet report)")
-    if args.get("results") is not None and args.get("instances") is not None:
-        problems.append("give either instances or results, not both")
+    if args.get("instances") is None:
+        problems.append("instances is required: the resolved instances of sglang_ops.fleet.server_validate")
     for key in ("window", "interval", "prometheus_timeout", "nvidia_smi_timeout", "http_timeout"):
         if args[key] <= 0:
             problems.append(f"{key} must be > 0")
-    if args["interval"] > args["window"] and args.get("instances") is not None:
+    if args["interval"] > args["window"]:
         problems.append("interval must not exceed window")
+    unknown_measure = sorted(set(args["measure_options"]) - MEASURE_KEYS)
+    if unknown_measure:
+        problems.append(f"measure_options: unknown key(s) {unknown_measure}; known: {sorted(MEASURE_KEYS)}")
     unknown = sorted(set(args["policy"]) - POLICY_KEYS)
     if unknown:
         problems.append(f"policy: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)}")
@@ -219,55 +218,3 @@ def check_args(args: dict[str, Any]) -> list[str]:
                 f"instances[{i}] lacks {missing} (pass the resolved instances of sglang_ops.fleet.server_validate)"
             )
     return problems
-
-
-def report(args: dict[str, Any]) -> dict[str, Any]:
-    """The fleet report from every host's result, and the patch file on the controller."""
-    results: dict[str, Any] = args["results"] or {}
-    advices: list[dict[str, Any]] = []
-    inventory: dict[str, Any] = {}
-    host_problems: dict[str, str] = {}
-    meta: dict[str, Any] = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for host, given in sorted(results.items()):
-        res = given if isinstance(given, dict) else {}
-        if res.get("host_problem") or not res.get("instances"):
-            host_problems[host] = str(res.get("host_problem") or res.get("msg") or "no result")
-        advices.extend(a for a in res.get("instances") or [] if isinstance(a, dict))
-        inventory[host] = res.get("inventory") or {}
-        for key in ("window_s", "interval_s", "source"):
-            if res.get(key) is not None:
-                meta.setdefault(key, res[key])
-    out_report = _advice_report.fleet_report(advices, inventory, meta, host_problems)
-    output = args.get("output")
-    patch_text = _advice_patch.patch_yaml(out_report)
-    written = None
-    if output:
-        write_file(output, patch_text)
-        written = output
-    out_report["patch_path"] = written
-    text = _advice_report.report_text(out_report, written)
-    return {
-        "report": out_report,
-        "text": text,
-        "report_lines": text.rstrip("\n").splitlines(),
-        "patch_path": written,
-        "patch_yaml": patch_text,
-        "advice_produced": out_report["advice_produced"],
-        "msg": f"advice for {len(advices)} instance(s)" + (f"; patch: {written}" if written else ""),
-    }
-
-
-def write_file(path: str, content: str) -> None:
-    """Atomic write on the controller (the directory is made if missing)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".advice-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

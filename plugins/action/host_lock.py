@@ -11,6 +11,7 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.run_identity import (
     controller_identity,
     holder_is_dead_here,
@@ -18,8 +19,9 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.run_ident
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
-    "ttl": {"type": "int", "default": 1800},
-    "wait": {"type": "int", "default": 0},
+    # The retune's lock_ttl and lock_wait (the option table), under the names of this action.
+    "ttl": BY_NAME["lock_ttl"].spec(),
+    "wait": BY_NAME["lock_wait"].spec(),
 }
 MODULE = "sglang_ops.fleet.host_lock_lease"
 # Seconds between two tries while a live run holds the lease and ``wait`` is not over.

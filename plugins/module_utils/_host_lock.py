@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from typing import Any
 
 LOCK_PATH_DEFAULT = "/run/sglang-fleet/host.lock"
-TTL_DEFAULT = 1800
 # How long to wait for another process's read-decide-write (a few milliseconds in practice).
 FLOCK_TIMEOUT = 10.0
 

@@ -26,8 +26,8 @@ description:
     memory per SGLang's own memory arithmetic for the release, and that the release's flag table
     accepts, with the predicted effective max running requests and throughput; for C(client-bound)
     the generation clients' concurrency; for C(compute-bound) nothing.
-  - Once (with O(results), every host's result) - the fleet report (instances with identical settings
-    and advice grouped), and the inventory patch written on the controller at O(output).
+  - The fleet report from every host's result, and the inventory patch, are
+    M(sglang_ops.fleet.advise_report)'s.
   - Nothing is ever applied - the operator reviews the patch and commits it, then runs the retune.
 version_added: 0.1.0
 author: sglang-fleet maintainers (@sglang-ops)
@@ -104,18 +104,35 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  measure:
+    description:
+      - Opt in to the stepped measurement after the window, on one instance per set of settings of
+        the host (the others of the set get its figures and keep generating) - the host's
+        generation clients that send to it are drained (nothing new sent there for a few seconds),
+        the instance must then be idle, and the agent keeps its own requests, shaped like the
+        window's, at a few concurrencies (shares of the effective max) for a few seconds each while
+        sampling C(/metrics); then the clients are resumed. The throughput model fits the
+        instance's decode step time against its running requests from those samples where the
+        window did not vary them (C(docs/advisor.md)).
+      - Costs the measured instance its generation for the drain and the steps (about 25 seconds
+        by default).
+    type: bool
+    default: false
+  measure_options:
+    description:
+      - The measurement's C(levels) (shares of the effective max, default C([0.25, 0.5, 1.0])),
+        C(step_s) (seconds per level, default 4), C(interval) (seconds between samples, default
+        0.25), C(settle) (share of each step left out while the gauges catch up, default 0.4),
+        C(drain_timeout) (seconds the clients' requests in flight get, default 10) and
+        C(max_new_tokens) (of each request, default 1024).
+    type: dict
+    default: {}
   policy:
     description:
       - Overrides of the advisor's thresholds and limits (C(plugin_utils/_advisor/vocabulary.py) C(Policy); see
         C(docs/advisor.md)), for example C(max_mem_fraction_static=0.9) or C(saturation_batch_tokens=512).
     type: dict
     default: {}
-  results:
-    description: Every host's result of this action with O(instances), keyed by host; gives the fleet report.
-    type: dict
-  output:
-    description: Where the fleet report writes the inventory patch (YAML), on the controller.
-    type: path
 attributes:
   check_mode:
     support: full
@@ -134,6 +151,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 seealso:
+  - module: sglang_ops.fleet.advise_report
   - module: sglang_ops.fleet.advise_observe
   - module: sglang_ops.fleet.server_validate
 """
@@ -144,12 +162,6 @@ EXAMPLES = r"""
     instances: "{{ sglang_server_resolved.instances }}"
     window: 300
   register: _advice
-
-- name: The fleet report, and the patch
-  sglang_ops.fleet.advise:
-    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, '_advice'))) }}"
-    output: advice/sglang-fleet-advice.yml
-  run_once: true
 """
 
 RETURN = r"""
@@ -159,40 +171,15 @@ instances:
       C(proposal) (C(changes) as setting - [now, proposed], C(client_changes), the predicted effective
       max running requests, KV tokens and throughput), C(alternatives), C(stats), C(facts),
       C(capacity), C(problems).
-  returned: with instances
+  returned: always
   type: list
   elements: dict
 inventory:
   description: The host's settings layers as the inventory writes them (for the patch).
-  returned: with instances
+  returned: always
   type: dict
 host_problem:
   description: Why the host gave no observation.
   returned: when the observe phase failed
   type: str
-report:
-  description: The fleet report (groups, instances, patch, problems) as data.
-  returned: with results
-  type: dict
-text:
-  description: The fleet report for people.
-  returned: with results
-  type: str
-report_lines:
-  description: RV(text) as lines.
-  returned: with results
-  type: list
-  elements: str
-patch_path:
-  description: Where the patch was written (null - O(output) not given).
-  returned: with results
-  type: str
-patch_yaml:
-  description: The patch.
-  returned: with results
-  type: str
-advice_produced:
-  description: Whether any instance was diagnosed.
-  returned: with results
-  type: bool
 """

@@ -126,6 +126,14 @@ options:
         wave either way.
     type: bool
     default: false
+  ignore_fit_prediction:
+    description:
+      - Relaunch an instance even when the fit pre-flight predicts that SGLang would refuse its new
+        settings at start (from its startup journal and SGLang's memory arithmetic).
+      - Without it such an instance fails before anything is stopped and nothing on its host is
+        touched. A prediction missing for lack of evidence never refuses.
+    type: bool
+    default: false
   client_units:
     description:
       - systemd units of the generation clients on the host (the role's C(sglang_retune_client_units),

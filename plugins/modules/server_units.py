@@ -72,6 +72,20 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  secrets_file:
+    description:
+      - The secrets file on the host (in each container) whose values are redacted from every
+        command line shown. The server role passes its own path.
+    type: path
+    required: true
+  state_dir:
+    description: Where the last good settings of each instance are kept on the host.
+    type: path
+    required: true
+  desired_dir:
+    description: Where the desired-settings records are written; a record written here is a desired record.
+    type: path
+    required: true
   lock_run_id:
     description:
       - The run that holds the host lock (M(sglang_ops.fleet.host_lock) sets C(sglang_fleet_lock));
@@ -98,6 +112,9 @@ EXAMPLES = r"""
           - path: /etc/systemd/system/sglang-gpu0.service
             content: "{{ lookup('ansible.builtin.template', 'sglang-instance.service.j2') }}"
         units: [sglang-gpu0.service]
+    secrets_file: /etc/sglang-fleet/secrets.env
+    state_dir: /var/lib/sglang-fleet
+    desired_dir: /etc/sglang-fleet/instances
 """
 
 RETURN = r"""
@@ -120,6 +137,9 @@ def main() -> None:
             "secret_files": {"type": "list", "elements": "dict", "default": [], "no_log": True},
             "start_timeout": {"type": "int", "default": 3600},
             "pct": {"type": "str", "default": "pct"},
+            "secrets_file": {"type": "path", "required": True},
+            "state_dir": {"type": "path", "required": True},
+            "desired_dir": {"type": "path", "required": True},
             "lock_run_id": {"type": "str"},
         },
         supports_check_mode=True,
@@ -156,6 +176,7 @@ def converge(module: AnsibleModule) -> None:
             "enable": target.get("enable", True),
             "start": target.get("start", True),
             "start_timeout": module.params["start_timeout"],
+            **{key: module.params[key] for key in ("secrets_file", "state_dir", "desired_dir")},
         }
         key = "host" if container is None else str(container)
         res = run_agent(request, container, module.params["pct"])

@@ -18,6 +18,7 @@ SOURCES = [
     REPO / "plugins" / "plugin_utils" / "_retune" / "decide.py",
     REPO / "plugins" / "plugin_utils" / "_retune" / "record.py",
     REPO / "plugins" / "plugin_utils" / "_retune" / "clients.py",
+    REPO / "plugins" / "plugin_utils" / "_retune" / "fit.py",
     REPO / "roles" / "retune" / "tasks" / "validate.yml",
     REPO / "plugins" / "module_utils" / "_host_lock.py",
     REPO / "roles" / "server" / "files" / "sglang-fleet-start-guard",

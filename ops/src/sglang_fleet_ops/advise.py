@@ -1,6 +1,6 @@
 """The tuning advice from the events of ``playbooks/advise.yml`` (read-only).
 
-The playbook's last ``sglang_ops.fleet.advise`` task (the fleet report) registers the report as
+The playbook's ``sglang_ops.fleet.advise_report`` task (the fleet report) registers the report as
 data (``report``), for people (``text``) and the inventory patch (``patch_yaml``, written on the
 controller at ``patch_path``). Failures before it (a host's settings invalid, a host unreachable)
 are problems; a host without evidence is named in the report itself.
@@ -16,7 +16,8 @@ from .events import VALIDATE, by_host
 from .runner import Run
 
 ADVISE_PLAYBOOK = playbook("advise")
-ADVISE = "sglang_ops.fleet.advise"
+ADVISE = "sglang_ops.fleet.advise"  # per host
+REPORT = "sglang_ops.fleet.advise_report"  # once, the fleet's
 REPORT_TASK = "Write the fleet report and the inventory patch (on the controller)"
 OBSERVE_TASK = "Observe and diagnose the instances of the host"
 
@@ -26,6 +27,7 @@ def advise_extravars(
     interval: float | None = None,
     prometheus: str | None = None,
     out: Path | None = None,
+    measure: bool = False,
 ) -> dict[str, Any]:
     """The playbook's variables for the options given (none of them secret: the runner records them)."""
     extravars: dict[str, Any] = {}
@@ -37,6 +39,8 @@ def advise_extravars(
         extravars["sglang_advise_prometheus_url"] = prometheus
     if out is not None:
         extravars["sglang_advise_output"] = str(out.resolve())
+    if measure:
+        extravars["sglang_advise_measure"] = True
     return extravars
 
 
@@ -53,7 +57,7 @@ def build_advice(run: Run) -> dict[str, Any]:
         for failure in view.failures():
             what = "invalid settings" if failure.is_action(VALIDATE) else failure.task
             problems.append(f"{name}: {what}: {failure.msg()}")
-        for result in view.of(ADVISE):
+        for result in view.of(REPORT):
             if result.ok and isinstance(result.res.get("report"), dict):
                 found = result.res
     if found is None:

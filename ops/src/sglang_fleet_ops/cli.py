@@ -21,7 +21,7 @@ from typing import Any, TextIO, cast
 
 from . import advise as advise_mod
 from . import apply as apply_mod
-from . import proposing
+from . import pictures, proposing
 from . import trial as trial_mod
 from .closedpipe import ReaderGoneGuard
 from .collection import COLLECTION, collection_problem, own_version, playbook
@@ -122,6 +122,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus", help="Prometheus base URL: read the window from it instead of sampling")
     p.add_argument("--out", type=Path, help="where the inventory patch goes (default: the playbook's advice/)")
     p.add_argument("--json", action="store_true", help="the report as JSON instead of text")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="after the window, step each instance's concurrency for a few seconds (its clients drained) "
+        "to fit its step time where the window did not vary it (docs/advisor.md)",
+    )
     p.add_argument(
         "--trial",
         action="store_true",
@@ -342,7 +348,9 @@ def cmd_advise(c: Command) -> int:
         msg = "--propose proposes a kept trial: give --trial too; nothing was run"
         c.problems([msg])
         return c.finish(ERROR, {"problems": [msg]}, f"## Advise: refused\n\n- {msg}\n")
-    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.patch_out())
+    extravars = advise_mod.advise_extravars(
+        c.args.window, c.args.interval, c.args.prometheus, c.patch_out(), measure=c.args.measure
+    )
     request = Request(
         advise_mod.ADVISE_PLAYBOOK, "advise", extravars=extravars, progress=True, done_action=advise_mod.ADVISE
     )
@@ -352,6 +360,8 @@ def cmd_advise(c: Command) -> int:
         write_json(c.run_dir / "advice.json", advice["report"])
     if advice["patch_yaml"]:
         write_text(c.run_dir / "sglang-fleet-advice.yml", advice["patch_yaml"])
+    if advice["report"] is not None:
+        advice["text"] += picture_lines(*pictures.advice_pictures(advice["report"], c.run_dir))
     if not c.json:
         c.text(advice["text"])
     c.problems(advice["problems"])
@@ -367,20 +377,35 @@ def cmd_advise(c: Command) -> int:
     return c.finish(code, summary, markdown, data=advice["report"])
 
 
+def picture_lines(paths: Sequence[Path], missing: str | None) -> str:
+    """``picture: PATH`` per PNG drawn, or why none was."""
+    if missing:
+        return f"{missing}\n"
+    return "".join(f"picture: {p}\n" for p in paths)
+
+
 def cmd_trial(c: Command) -> int:
     """advise --trial: the proposal of one group on one canary, kept or put back (trial.py)."""
-    extravars = advise_mod.advise_extravars(c.args.window, c.args.interval, c.args.prometheus, c.patch_out())
+    extravars = advise_mod.advise_extravars(
+        c.args.window, c.args.interval, c.args.prometheus, c.patch_out(), measure=c.args.measure
+    )
     count = {"advise": 0}
+    reports: dict[str, dict[str, Any]] = {}
 
     def advise_run(limit: str | None, window: float | None) -> dict[str, Any]:
         count["advise"] += 1
         ident = "advise" if count["advise"] == 1 else "trial-observe"
-        request = Request(
-            advise_mod.ADVISE_PLAYBOOK, ident, extravars=dict(extravars), progress=True, done_action=advise_mod.ADVISE
-        )
+        # The measurement and --out are the advice's; the trial's own observations measure the canary
+        # as it runs, and their patches (the canary on an override) go to the run dir.
+        ex = dict(extravars)
+        if count["advise"] > 1:
+            ex = {k: v for k, v in ex.items() if "measure" not in k}
+            ex["sglang_advise_output"] = str((c.run_dir / f"{ident}-advice.yml").resolve())
+        request = Request(advise_mod.ADVISE_PLAYBOOK, ident, extravars=ex, progress=True, done_action=advise_mod.ADVISE)
         advice = advise_mod.build_advice(c.run(request, limit))
         if advice["report"] is not None:
             write_json(c.run_dir / f"{ident}.json", advice["report"])
+            reports[ident] = advice["report"]
         return advice
 
     def retune_run(limit: str, extra: dict[str, Any], ident: str) -> dict[str, Any]:
@@ -406,8 +431,13 @@ def cmd_trial(c: Command) -> int:
         settle=max(0.0, c.args.settle),
         before_touch=proposer.before_touch if proposer else None,
     )
+    drawn, missing = pictures.trial_picture(reports.get("advise"), reports.get("trial-observe"), trial, c.run_dir)
+    trial["picture"] = str(drawn) if drawn else missing
     write_json(c.run_dir / "trial.json", trial)
-    text = trial_mod.trial_text(trial)
+    drawn_advice: list[Path] = []
+    if reports.get("advise") is not None:
+        drawn_advice, _none = pictures.advice_pictures(reports["advise"], c.run_dir)
+    text = trial_mod.trial_text(trial) + picture_lines([*drawn_advice, *([drawn] if drawn else [])], missing)
     code = trial_mod.trial_exit(trial)
     found = None
     if proposer is not None:

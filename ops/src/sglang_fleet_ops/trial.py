@@ -223,7 +223,13 @@ def choose(
         changes=changes,
         predicted={
             k: chosen["proposal"].get(k)
-            for k in ("effective_max_before", "effective_max_after", "throughput_factor", "throughput_factor_expected")
+            for k in (
+                "effective_max_before",
+                "effective_max_after",
+                "throughput_factor",
+                "throughput_factor_expected",
+                "throughput_model",
+            )
             if k in chosen["proposal"]
         },
     )
@@ -342,7 +348,12 @@ def trial_text(trial: Mapping[str, Any]) -> str:
     threshold = float(trial.get("threshold") or DEFAULT_THRESHOLD)
     if trial.get("gain") is not None:
         sign = ">=" if trial["gain"] >= threshold else "<"
-        lines.append(f"  gain x{trial['gain']:.2f} {sign} x{threshold:.2f}")
+        expected = (trial.get("predicted") or {}).get("throughput_factor_expected")
+        method = ((trial.get("predicted") or {}).get("throughput_model") or {}).get("method")
+        lines.append(
+            f"  gain x{trial['gain']:.2f} {sign} x{threshold:.2f}"
+            + (f" (predicted x{expected:.2f}" + (f", {method}" if method else "") + ")" if expected else "")
+        )
     decision = str(trial.get("decision"))
     if decision == "kept":
         lines.append(

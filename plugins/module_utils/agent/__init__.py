@@ -19,6 +19,7 @@ import anything from Ansible.
 - ``settings``: the one answer to "does this running instance serve the desired settings, and
   how does it differ?" (also imported by the controller's retune decision).
 - ``state``: atomic writes, and the desired-settings and last good settings records.
+- ``request``: the request's keys, each required (the agent keeps no fallbacks).
 - ``host``: the host interface the operations act through (unit tests fake it).
 - ``clients``: the generation clients' control sockets, and which endpoints are this host's.
 - ``op_apply``, ``op_inspect``, ``op_stop`` (stop, release), ``op_start`` (start, record),

@@ -13,7 +13,6 @@ import subprocess
 from collections.abc import Iterable
 from typing import Any
 
-SECRETS_FILE_DEFAULT = "/etc/sglang-fleet/secrets.env"
 REDACTED = "********"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 

@@ -7,6 +7,7 @@ answers from data) and check their decisions without systemd, GPUs or servers.""
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import threading
@@ -14,27 +15,46 @@ import time
 from typing import Any, Callable
 
 from . import clients, http_client, nvidia, procfs, systemd
-from .defaults import DEFAULTS
 from .evidence import EvidenceError, Redactor, read_env_file
+from .request import need
 from .state import StateFiles, file_state, write_atomic
 from .waiting import wait_until
 
 
 class Host:
     def __init__(self, req: dict[str, Any]):
-        self.secrets_file = req.get("secrets_file", DEFAULTS["secrets_file"])
+        self.request = req
+        self.secrets_file = need(req, "secrets_file")
         self.load_secrets()
-        self.nvidia_smi = req.get("nvidia_smi", DEFAULTS["nvidia_smi"])
-        self.nvidia_smi_timeout = float(req.get("nvidia_smi_timeout", DEFAULTS["nvidia_smi_timeout"]))
-        self.devices_dir = req.get("devices_dir", DEFAULTS["devices_dir"])
-        self.http_timeout = float(req.get("http_timeout", DEFAULTS["http_timeout"]))
-        self.poll = float(req.get("poll_interval", DEFAULTS["poll_interval"]))
         self.managed_units = list(req.get("managed_units", []))
-        self.state = StateFiles(
-            req.get("state_dir", DEFAULTS["state_dir"]), req.get("desired_dir", DEFAULTS["desired_dir"])
-        )
         self.unit_dir = systemd.UNIT_DIR
         self.client_socket_dir = req.get("client_socket_dir", clients.SOCKET_DIR)
+
+    # What only some operations read is required when first read (an apply reads no nvidia-smi).
+
+    @property
+    def nvidia_smi(self) -> str:
+        return str(need(self.request, "nvidia_smi"))
+
+    @property
+    def nvidia_smi_timeout(self) -> float:
+        return float(need(self.request, "nvidia_smi_timeout"))
+
+    @property
+    def devices_dir(self) -> str:
+        return str(need(self.request, "devices_dir"))
+
+    @property
+    def http_timeout(self) -> float:
+        return float(need(self.request, "http_timeout"))
+
+    @property
+    def poll(self) -> float:
+        return float(need(self.request, "poll_interval"))
+
+    @functools.cached_property
+    def state(self) -> StateFiles:
+        return StateFiles(need(self.request, "state_dir"), need(self.request, "desired_dir"))
 
     def load_secrets(self) -> None:
         """The API key to talk to the servers, and every secret value to redact."""
@@ -114,6 +134,10 @@ class Host:
         self, url: str, timeout: float, api_key: str = "", body: dict[str, Any] | None = None
     ) -> tuple[int | None, str]:
         return http_client.http_request(url, timeout, api_key, body)
+
+    def load(self, url: str, body: dict[str, Any], concurrency: int, stream: bool = True) -> http_client.SteadyLoad:
+        """``concurrency`` requests kept open to ``url`` until ``stop()``."""
+        return http_client.SteadyLoad(url, body, concurrency, self.http_timeout, self.api_key, stream).start()
 
     # -- the generation clients' control sockets ------------------------------------------------
 

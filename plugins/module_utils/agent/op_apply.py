@@ -13,6 +13,7 @@ from typing import Any
 
 from .evidence import EvidenceError, run_cmd
 from .host import Host
+from .request import need
 from .settings import process_evidence
 from .state import load_json, owner_ids, sha256, write_atomic
 from .systemd import identity, verify_unit_text
@@ -22,27 +23,55 @@ def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Converge the host's desired state: system user, directories, files (units, desired-state
     records, helper scripts, the secrets file); daemon-reload when a unit changed; enable and
     start instances that are not running. Never restarts a running instance: relaunching is
-    the retune plugin's job, with its checks."""
+    the retune plugin's job, with its checks.
+
+    Each step reports what it would do in check mode (``check_mode``) and does it otherwise, and
+    a file's diff is returned with ``diff`` (never a secret's): the contract of a builtin module.
+    The first step that fails ends the run, saying what was done before it."""
     check = bool(req.get("check_mode"))
+    start_timeout = float(need(req, "start_timeout"))
     result: dict[str, Any] = {"changed": False, "files": [], "actions": [], "started": []}
     for name in keep_running_as_last_good(req, host, check):
-        result["changed"] = True
-        result["actions"].append(f"keep the settings {name} runs now as its last good settings")
+        _did(result, f"keep the settings {name} runs now as its last good settings")
     if req.get("user"):
         user = ensure_user(req["user"], check)
         result["actions"] += user["actions"]
         result["changed"] |= user["changed"]
+    _converge_directories(req, check, result)
+    unit_changed, failure = _converge_files(req, host, check, result)
+    if failure is None and unit_changed:
+        failure = _daemon_reload(host, check, result)
+    if failure is None:
+        failure = _enable_units(req, host, check, result)
+    if failure is None:
+        failure = _start_units(req, host, check, unit_changed, start_timeout, result)
+    return failure or result
+
+
+def _did(result: dict[str, Any], action: str) -> None:
+    result["changed"] = True
+    result["actions"].append(action)
+
+
+def _converge_directories(req: dict[str, Any], check: bool, result: dict[str, Any]) -> None:
     for spec in req.get("directories", []):
         path = spec["path"]
         mode = int(spec.get("mode", "0755"), 8)
-        if not os.path.isdir(path):
-            result["changed"] = True
-            result["actions"].append(f"create directory {path}")
-            if not check:
-                os.makedirs(path, mode=mode, exist_ok=True)
-                uid, gid = owner_ids(spec.get("owner", "root"), spec.get("group", "root"))
-                os.chown(path, uid, gid)
-                os.chmod(path, mode)
+        if os.path.isdir(path):
+            continue
+        _did(result, f"create directory {path}")
+        if not check:
+            os.makedirs(path, mode=mode, exist_ok=True)
+            uid, gid = owner_ids(spec.get("owner", "root"), spec.get("group", "root"))
+            os.chown(path, uid, gid)
+            os.chmod(path, mode)
+
+
+def _converge_files(
+    req: dict[str, Any], host: Host, check: bool, result: dict[str, Any]
+) -> tuple[bool, dict[str, Any] | None]:
+    """Each file's content, mode and owner; a changed unit is verified before it is written.
+    Returns whether a unit (or drop-in) changed, and the failure if one was refused."""
     unit_changed = False
     for spec in req.get("files", []):
         path = spec["path"]
@@ -66,7 +95,7 @@ def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
         if content_changed and path.endswith(".service") and spec.get("verify", True) and not secret:
             problem = verify_unit_text(os.path.basename(path), content)
             if problem:
-                return {"failed": True, "msg": problem, "files": result["files"]}
+                return unit_changed, {"failed": True, "msg": problem, "files": result["files"]}
         if entry["changed"]:
             result["changed"] = True
             if path.endswith((".service", ".conf")) and path.startswith(host.unit_dir):
@@ -74,52 +103,70 @@ def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
             if not check:
                 write_atomic(path, content, mode, owner, group)
         result["files"].append(entry)
-    if unit_changed:
-        result["actions"].append("systemctl daemon-reload")
+    return unit_changed, None
+
+
+def _daemon_reload(host: Host, check: bool, result: dict[str, Any]) -> dict[str, Any] | None:
+    result["actions"].append("systemctl daemon-reload")
+    if not check:
+        res = host.systemctl(["daemon-reload"])
+        if res["rc"] != 0:
+            return {"failed": True, "msg": f"daemon-reload failed: {res}", **result}
+    return None
+
+
+def _enable_units(req: dict[str, Any], host: Host, check: bool, result: dict[str, Any]) -> dict[str, Any] | None:
+    if not req.get("enable"):
+        return None
+    for unit in req.get("units", []):
+        if host.systemctl(["is-enabled", unit], timeout=30)["stdout"].strip() == "enabled":
+            continue
+        _did(result, f"enable {unit}")
         if not check:
-            res = host.systemctl(["daemon-reload"])
+            res = host.systemctl(["enable", unit])
             if res["rc"] != 0:
-                return {"failed": True, "msg": f"daemon-reload failed: {res}", **result}
+                return {"failed": True, "msg": f"enable {unit} failed: {res}", **result}
+    return None
+
+
+def _start_units(
+    req: dict[str, Any], host: Host, check: bool, unit_changed: bool, timeout: float, result: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Start the units that are not running (running ones are left alone); on a failed start,
+    the journal tail of each unit that did not come up."""
     units = list(req.get("units", []))
-    if units and req.get("enable"):
-        for unit in units:
-            if host.systemctl(["is-enabled", unit], timeout=30)["stdout"].strip() != "enabled":
-                result["changed"] = True
-                result["actions"].append(f"enable {unit}")
-                if not check:
-                    res = host.systemctl(["enable", unit])
-                    if res["rc"] != 0:
-                        return {"failed": True, "msg": f"enable {unit} failed: {res}", **result}
-    if units and req.get("start"):
-        state = host.units(units) if not unit_changed or not check else {}
-        to_start = [
-            u for u in units if state.get(u, {}).get("ActiveState") not in ("active", "activating", "reloading")
-        ]
-        if to_start:
-            result["changed"] = True
-            result["started"] = to_start
-            result["actions"].append("start " + " ".join(to_start))
-            if not check:
-                # A deploy asks for these starts: clear a start-rate limit left by earlier failures
-                # (the unit's start guard still waits for free GPUs and port).
-                host.systemctl(["reset-failed", *to_start])
-                # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
-                res = host.systemctl(["start", *to_start], timeout=float(req.get("start_timeout", 3600)))
-                if res["rc"] != 0:
-                    host.load_secrets()  # this run may just have written the secrets file
-                    after = host.units(to_start)
-                    tails = {
-                        u: host.journal(after[u].get("InvocationID", ""), u, 25)
-                        for u in to_start
-                        if after[u].get("ActiveState") != "active"
-                    }
-                    return {
-                        "failed": True,
-                        "msg": f"starting {' '.join(to_start)} failed: rc={res['rc']} {res['stderr'].strip()}",
-                        "journal": tails,
-                        **result,
-                    }
-    return result
+    if not units or not req.get("start"):
+        return None
+    # In check mode once a unit changed, the state is not asked: every unit is reported as one to
+    # start (an over-report for a running instance, which the real run leaves alone).
+    state = host.units(units) if not unit_changed or not check else {}
+    to_start = [u for u in units if state.get(u, {}).get("ActiveState") not in ("active", "activating", "reloading")]
+    if not to_start:
+        return None
+    _did(result, "start " + " ".join(to_start))
+    result["started"] = to_start
+    if check:
+        return None
+    # A deploy asks for these starts: clear a start-rate limit left by earlier failures (the
+    # unit's start guard still waits for free GPUs and port).
+    host.systemctl(["reset-failed", *to_start])
+    # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
+    res = host.systemctl(["start", *to_start], timeout=timeout)
+    if res["rc"] == 0:
+        return None
+    host.load_secrets()  # this run may just have written the secrets file
+    after = host.units(to_start)
+    tails = {
+        u: host.journal(after[u].get("InvocationID", ""), u, 25)
+        for u in to_start
+        if after[u].get("ActiveState") != "active"
+    }
+    return {
+        "failed": True,
+        "msg": f"starting {' '.join(to_start)} failed: rc={res['rc']} {res['stderr'].strip()}",
+        "journal": tails,
+        **result,
+    }
 
 
 def keep_running_as_last_good(req: dict[str, Any], host: Host, check: bool) -> list[str]:

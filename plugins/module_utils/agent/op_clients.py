@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from .clients import DRAIN_CALL_MARGIN, HELLO_TIMEOUT, RESUME_TIMEOUT, ClientError, sends_to
-from .defaults import DEFAULTS
 from .host import Host, parallel
+from .request import need
 from .systemd import stopped
 
 # A client's stop drains its own requests and uploads its shard (its unit's TimeoutStopSec bounds
@@ -23,7 +23,7 @@ RUNNING_STATES = ("active", "activating", "reloading")
 
 
 def client_units(req: dict[str, Any]) -> list[str]:
-    return [str(u) for u in req.get("client_units", DEFAULTS["client_units"]) or []]
+    return [str(u) for u in need(req, "client_units") or []]
 
 
 def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def op_drain(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Drain one wave's endpoints in each client: it stops sending there, waits up to
     ``client_drain_timeout`` for their requests in flight and requeues the rest elsewhere. The
     drain lapses by itself after ``lease`` seconds unless resumed."""
-    timeout = float(req.get("client_drain_timeout", DEFAULTS["client_drain_timeout"]))
+    timeout = float(need(req, "client_drain_timeout"))
     lease = float(req["lease"])
     by = str(req.get("by") or "sglang-fleet retune")
     extra = {"timeout": timeout, "lease": lease, "by": by}

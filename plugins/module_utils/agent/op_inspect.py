@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .defaults import DEFAULTS
 from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url, timed_out
 from .nvidia import meaningful_app_pids
-from .op_observe import JOURNAL_PATTERN, startup_journal
+from .op_observe import startup_journal
 from .procfs import classify_processes, in_cgroup
+from .request import need
 from .settings import process_evidence
 from .stall import probe_stall
 from .systemd import identity
@@ -32,11 +32,13 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
     cgroups = {i["name"]: units[i["unit"]].get("ControlGroup", "") for i in instances}
     cgroups.update({f"other:{u}": s.get("ControlGroup", "") for u, s in others.items()})
     holders, holder_notes = collect_holders(host, instances, cgroups)
-    # Check mode: the startup lines of each running instance's current run (the model facts the
-    # controller predicts the capacity after a retune from), read as the observe operation does.
-    read_journal = bool(req.get("startup_journal"))
-    stall_probe_s = float(req.get("stall_probe_s", DEFAULTS["stall_probe_s"]))
-    pattern = str(req.get("journal_pattern") or JOURNAL_PATTERN)
+    # The startup lines of a running instance's current run (the model facts the controller
+    # predicts the capacity after a retune from, and refuses unfit settings by), read as the observe
+    # operation does: "all" (check mode) every running instance's, "changed" (a real run) only
+    # those whose command line or environment differ from the desired ones; else none.
+    read_journal = req.get("startup_journal")
+    stall_probe_s = float(need(req, "stall_probe_s"))
+    pattern = str(need(req, "journal_pattern")) if read_journal else ""
 
     def inspect_one(inst: dict[str, Any]) -> dict[str, Any]:
         state = units[inst["unit"]]
@@ -60,7 +62,7 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
             if facts["server_info_status"] == 200 and not facts["unanswered"]:
                 # It answers: is it still producing? (A stalled instance is unhealthy, as a wedged one.)
                 facts.update(probe_stall(host, inst, stall_probe_s))
-            if read_journal:
+            if wants_journal(read_journal, facts):
                 lines, source, error = startup_journal(host, ident["invocation_id"], inst["unit"], pattern)
                 facts.update(journal=lines, journal_source=source)
                 if error:
@@ -88,6 +90,13 @@ def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:
         "gpu_error": gpu_error,
         "holder_notes": holder_notes,
     }
+
+
+def wants_journal(request: Any, facts: dict[str, Any]) -> bool:
+    """Whether the inspect phase reads a running instance's startup journal (see op_inspect)."""
+    if request == "changed":
+        return not facts.get("argv_matches") or bool(facts.get("env_mismatches"))
+    return request is True or request == "all"
 
 
 def gpu_snapshot(host: Host) -> tuple[dict[int, dict[str, Any]] | None, dict[str, Any] | None]:

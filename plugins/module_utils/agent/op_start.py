@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .defaults import DEFAULTS
 from .evidence import clip
 from .host import Host, parallel
 from .http_client import instance_url
 from .op_clients import op_resume
 from .op_inspect import probe_server
 from .procfs import in_cgroup
+from .request import need
 from .settings import describe_server_info, differences, process_evidence
 from .state import sha256
 from .systemd import identity
@@ -26,8 +26,9 @@ def op_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
     expected settings (/server_info, its own command line and environment), with the asserted
     capacity, and able to answer real completions. Records the last good settings on success."""
     instances = req["instances"]
-    start_timeout = float(req.get("start_timeout", DEFAULTS["start_timeout"]))
-    health_timeout = float(req.get("health_timeout", DEFAULTS["health_timeout"]))
+    start_timeout = float(need(req, "start_timeout"))
+    health_timeout = float(need(req, "health_timeout"))
+    need(req, "smoke_requests")  # read after the start: known to be there before it
     out: dict[str, Any] = {}
     ready: list[dict[str, Any]] = []
     listen_ports = host.listening_ports()
@@ -208,9 +209,7 @@ def _prove_settings(
                 f"is below the asserted minimum {minimum}"
             )
     if not problems:
-        smoke = smoke_requests(
-            host, inst, int(req.get("smoke_requests", DEFAULTS["smoke_requests"])), health_timeout, req
-        )
+        smoke = smoke_requests(host, inst, int(req["smoke_requests"]), health_timeout, req)
         res["smoke"] = smoke
         if smoke["ok"] < smoke["sent"]:
             problems.append(

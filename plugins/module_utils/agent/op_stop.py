@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .defaults import DEFAULTS
 from .evidence import EvidenceError
 from .host import Host
 from .op_inspect import collect_holders, describe
 from .procfs import in_cgroup
+from .request import need
 from .systemd import stopped
 
 
@@ -33,142 +33,204 @@ def op_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Stop the units, then prove each instance dead: its cgroup empty, nothing of it holding
     its GPUs or listening on its port. Survivors that are the instance's own are killed by PID
     (SIGTERM, then SIGKILL); anything else in the way fails the instance closed."""
-    instances = req["instances"]
-    units = [i["unit"] for i in instances]
-    stop_timeout = float(req.get("stop_timeout", DEFAULTS["stop_timeout"]))
-    kill_timeout = float(req.get("kill_timeout", DEFAULTS["kill_timeout"]))
-    t0 = host.monotonic()
-    before = host.units(units)
-    # Every managed instance's cgroup, to tell "another instance's process" from "foreign".
-    all_units = sorted(set(host.managed_units) | set(units))
-    cgroups_all = {u: s.get("ControlGroup", "") for u, s in host.units(all_units).items()}
-    cgroups = {i["name"]: cgroups_all.get(i["unit"], "") or _default_cgroup(cgroups_all, i["unit"]) for i in instances}
-    actions: dict[str, list[str]] = {i["name"]: [] for i in instances}
-    to_stop = [
-        u
-        for u in units
-        if before[u].get("ActiveState") not in ("inactive",) or before[u].get("SubState") == "auto-restart"
-    ]
-    if to_stop:
-        res = host.systemctl(["stop", "--no-block", *to_stop])
-        for inst in instances:
-            if inst["unit"] in to_stop:
-                actions[inst["name"]].append(f"systemctl stop (rc={res['rc']})")
-    # A wedged instance (its own endpoints did not answer at inspect) cannot drain: its scheduler
-    # answers nothing, so the drain deadline would only lengthen its outage. It gets the deadline of
-    # one signal instead, then the SIGKILL of its cgroup like any other.
-    deadline_s = {i["unit"]: min(stop_timeout, kill_timeout) if i.get("wedged") else stop_timeout for i in instances}
-    state: dict[str, dict[str, str]] = {}
+    stop = _Stop(req, host)
+    stop.stop_units()
+    stop.escalate()
+    stop.kill_survivors()
+    stop.wait_for_teardown()
+    return {"instances": stop.report(), "notes": stop.notes}
 
-    def settled() -> bool:
-        state.update(host.units(units))
-        late = host.monotonic() - t0
-        return all(stopped(state[u]) or late >= deadline_s[u] for u in units)
 
-    host.wait(settled, t0 + max(deadline_s.values(), default=0.0))
-    escalated = [u for u in units if not stopped(state[u])]
-    # Processes known to have been SIGKILLed (pid, start time): one still present is in teardown
-    # (the kernel and the GPU driver release its memory, handles and sockets; over 30 s seen on
-    # large GPUs), not a survivor: it is waited for within the release deadline.
-    sigkilled: set[tuple[int, int]] = set()
-    if escalated:
-        # The drain did not finish in time (or the main process ignores SIGTERM): SIGKILL the
-        # whole unit cgroup, which is exactly the instance's processes.
-        escalated_cgroups = [cgroups_all.get(u, "") for u in escalated]
-        sigkilled |= {
-            (pid, p["starttime"])
-            for pid, p in host.processes().items()
-            if any(in_cgroup(p["cgroup"], c) for c in escalated_cgroups)
+class _Stop:
+    """One stop of a set of instances, step by step; what each step saw is kept for the report."""
+
+    def __init__(self, req: dict[str, Any], host: Host):
+        self.host = host
+        self.instances: list[dict[str, Any]] = req["instances"]
+        self.units = [i["unit"] for i in self.instances]
+        # Read before anything is touched: a request that lacks one fails here.
+        self.stop_timeout = float(need(req, "stop_timeout"))
+        self.kill_timeout = float(need(req, "kill_timeout"))
+        self.release_timeout = float(need(req, "release_timeout"))
+        self.t0 = host.monotonic()
+        self.before = host.units(self.units)
+        # Every managed instance's cgroup, to tell "another instance's process" from "foreign".
+        all_units = sorted(set(host.managed_units) | set(self.units))
+        self.cgroups_all = {u: s.get("ControlGroup", "") for u, s in host.units(all_units).items()}
+        cgroups = {
+            i["name"]: self.cgroups_all.get(i["unit"], "") or _default_cgroup(self.cgroups_all, i["unit"])
+            for i in self.instances
         }
-        res = host.systemctl(["kill", "--kill-whom=all", "--signal=SIGKILL", *escalated])
-        for inst in instances:
-            if inst["unit"] in escalated:
-                actions[inst["name"]].append(
-                    f"stop deadline {deadline_s[inst['unit']]:.0f}s passed"
-                    + (" (wedged: no drain to wait for)" if inst.get("wedged") else "")
-                    + f": systemctl kill SIGKILL (rc={res['rc']})"
-                )
-        state = wait_units(host, units, stopped, kill_timeout)
-    unit_stopped_at = {u: host.monotonic() - t0 for u in units}
-    # This wave's cgroups by instance name, and the other managed units' (never killed).
-    holder_cgroups = {**cgroups, **{f"other:{u}": c for u, c in cgroups_all.items() if u not in units}}
-    holders, notes = collect_holders(host, instances, holder_cgroups)
-    killed: dict[str, list[dict[str, Any]]] = {i["name"]: [] for i in instances}
-    owned_all = []
-    for inst in instances:
-        owned_all += [
-            dict(o, instance=inst["name"])
-            for o in holders[inst["name"]]["owned"]
-            if not dying(o, sigkilled)  # a second SIGKILL does nothing to a process in teardown
-        ]
-    if owned_all:
-        unique = {o["pid"]: o for o in owned_all}
-        log = host.kill(list(unique.values()), kill_timeout)
-        for entry in log:
-            killed[unique[entry["pid"]]["instance"]].append(entry)
-            if entry["signal"] == "SIGKILL":
-                sigkilled.add((entry["pid"], unique[entry["pid"]]["starttime"]))
-        holders, notes = collect_holders(host, instances, holder_cgroups)
-    teardown_s = 0.0
-    if any(_in_teardown(holders[i["name"]], sigkilled) for i in instances):
-        release_deadline = host.monotonic() + float(req.get("release_timeout", DEFAULTS["release_timeout"]))
+        # This wave's cgroups by instance name, and the other managed units' (never killed).
+        self.holder_cgroups = {
+            **cgroups,
+            **{f"other:{u}": c for u, c in self.cgroups_all.items() if u not in self.units},
+        }
+        self.actions: dict[str, list[str]] = {i["name"]: [] for i in self.instances}
+        # A wedged instance (its own endpoints did not answer at inspect) cannot drain: its
+        # scheduler answers nothing, so the drain deadline would only lengthen its outage. It gets
+        # the deadline of one signal instead, then the SIGKILL of its cgroup like any other.
+        self.deadline_s = {
+            i["unit"]: min(self.stop_timeout, self.kill_timeout) if i.get("wedged") else self.stop_timeout
+            for i in self.instances
+        }
+        self.state: dict[str, dict[str, str]] = {}
+        self.escalated: list[str] = []
+        # Processes known to have been SIGKILLed (pid, start time): one still present is in
+        # teardown (the kernel and the GPU driver release its memory, handles and sockets; over
+        # 30 s seen on large GPUs), not a survivor: it is waited for within the release deadline.
+        self.sigkilled: set[tuple[int, int]] = set()
+        self.unit_stopped_at: dict[str, float] = {}
+        self.holders: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.notes: dict[str, Any] = {}
+        self.killed: dict[str, list[dict[str, Any]]] = {i["name"]: [] for i in self.instances}
+        self.teardown_s = 0.0
 
+    def _record(self, units: list[str], action: str) -> None:
+        for inst in self.instances:
+            if inst["unit"] in units:
+                self.actions[inst["name"]].append(action)
+
+    def stop_units(self) -> None:
+        """systemctl stop what runs (or waits to restart); wait for each unit within its deadline."""
+        host, before = self.host, self.before
+        to_stop = [
+            u
+            for u in self.units
+            if before[u].get("ActiveState") not in ("inactive",) or before[u].get("SubState") == "auto-restart"
+        ]
+        if to_stop:
+            res = host.systemctl(["stop", "--no-block", *to_stop])
+            self._record(to_stop, f"systemctl stop (rc={res['rc']})")
+
+        def settled() -> bool:
+            self.state.update(host.units(self.units))
+            late = host.monotonic() - self.t0
+            return all(stopped(self.state[u]) or late >= self.deadline_s[u] for u in self.units)
+
+        host.wait(settled, self.t0 + max(self.deadline_s.values(), default=0.0))
+
+    def escalate(self) -> None:
+        """The drain did not finish in time (or the main process ignores SIGTERM): SIGKILL the
+        whole unit cgroup, which is exactly the instance's processes."""
+        host = self.host
+        self.escalated = [u for u in self.units if not stopped(self.state[u])]
+        if self.escalated:
+            escalated_cgroups = [self.cgroups_all.get(u, "") for u in self.escalated]
+            self.sigkilled |= {
+                (pid, p["starttime"])
+                for pid, p in host.processes().items()
+                if any(in_cgroup(p["cgroup"], c) for c in escalated_cgroups)
+            }
+            res = host.systemctl(["kill", "--kill-whom=all", "--signal=SIGKILL", *self.escalated])
+            for inst in self.instances:
+                if inst["unit"] in self.escalated:
+                    self.actions[inst["name"]].append(
+                        f"stop deadline {self.deadline_s[inst['unit']]:.0f}s passed"
+                        + (" (wedged: no drain to wait for)" if inst.get("wedged") else "")
+                        + f": systemctl kill SIGKILL (rc={res['rc']})"
+                    )
+            self.state = wait_units(host, self.units, stopped, self.kill_timeout)
+        self.unit_stopped_at = {u: host.monotonic() - self.t0 for u in self.units}
+
+    def kill_survivors(self) -> None:
+        """Whatever of an instance's own still holds its GPUs or port: killed by PID (SIGTERM,
+        then SIGKILL), each PID's start time checked before every signal."""
+        host = self.host
+        self.holders, self.notes = collect_holders(host, self.instances, self.holder_cgroups)
+        owned_all = [
+            dict(o, instance=inst["name"])
+            for inst in self.instances
+            for o in self.holders[inst["name"]]["owned"]
+            if not dying(o, self.sigkilled)  # a second SIGKILL does nothing to a process in teardown
+        ]
+        if not owned_all:
+            return
+        unique = {o["pid"]: o for o in owned_all}
+        for entry in host.kill(list(unique.values()), self.kill_timeout):
+            self.killed[unique[entry["pid"]]["instance"]].append(entry)
+            if entry["signal"] == "SIGKILL":
+                self.sigkilled.add((entry["pid"], unique[entry["pid"]]["starttime"]))
+        self.holders, self.notes = collect_holders(host, self.instances, self.holder_cgroups)
+
+    def _any_in_teardown(self) -> bool:
+        return any(_in_teardown(self.holders[i["name"]], self.sigkilled) for i in self.instances)
+
+    def wait_for_teardown(self) -> None:
+        """Processes SIGKILLed and still present: wait for the kernel within the release deadline."""
+        if not self._any_in_teardown():
+            return
         fresh = True  # the holders were just collected: sample again only after an interval
 
         def torn_down() -> bool:
-            nonlocal holders, notes, fresh
+            nonlocal fresh
             if not fresh:
-                holders, notes = collect_holders(host, instances, holder_cgroups)
+                self.holders, self.notes = collect_holders(self.host, self.instances, self.holder_cgroups)
             fresh = False
-            return not any(_in_teardown(holders[i["name"]], sigkilled) for i in instances)
+            return not self._any_in_teardown()
 
-        _unused, teardown_s = host.wait(torn_down, release_deadline)
-        teardown_s = round(teardown_s, 3)
-    final = host.units(units)
-    if not all(stopped(final[u]) for u in units):
-        # Once the last process of a unit is gone, systemd needs a moment to mark it stopped.
-        final = wait_units(host, units, stopped, kill_timeout)
-    out: dict[str, Any] = {}
-    for inst in instances:
+        _unused, waited = self.host.wait(torn_down, self.host.monotonic() + self.release_timeout)
+        self.teardown_s = round(waited, 3)
+
+    def report(self) -> dict[str, Any]:
+        """Each instance: dead or not, what was done, and why not in one message."""
+        host = self.host
+        final = host.units(self.units)
+        if not all(stopped(final[u]) for u in self.units):
+            # Once the last process of a unit is gone, systemd needs a moment to mark it stopped.
+            final = wait_units(host, self.units, stopped, self.kill_timeout)
+        out: dict[str, Any] = {}
+        for inst in self.instances:
+            name, unit = inst["name"], inst["unit"]
+            st = final[unit]
+            if st.get("ActiveState") == "failed":
+                # A stop that ended in SIGKILL leaves the unit failed; clear it so a start is clean.
+                host.systemctl(["reset-failed", unit])
+                self.actions[name].append("systemctl reset-failed")
+            out[name] = self._entry(inst, st)
+        return out
+
+    def _entry(self, inst: dict[str, Any], st: dict[str, str]) -> dict[str, Any]:
+        host = self.host
         name, unit = inst["name"], inst["unit"]
-        h = holders[name]
-        st = final[unit]
-        if st.get("ActiveState") == "failed":
-            # A stop that ended in SIGKILL leaves the unit failed; clear it so a start is clean.
-            host.systemctl(["reset-failed", unit])
-            actions[name].append("systemctl reset-failed")
+        h = self.holders[name]
         dead = not h["owned"] and not h["foreign"] and stopped(st)
-        entry = {
+        entry: dict[str, Any] = {
             "dead": dead,
-            "old_main_pid": int(before[unit].get("MainPID") or 0),
-            "old_invocation_id": before[unit].get("InvocationID", ""),
+            "old_main_pid": int(self.before[unit].get("MainPID") or 0),
+            "old_invocation_id": self.before[unit].get("InvocationID", ""),
             "unit_state": f"{st.get('ActiveState')}/{st.get('SubState')}",
-            "escalated": unit in escalated,
-            "killed": killed[name],
+            "escalated": unit in self.escalated,
+            "killed": self.killed[name],
             "survivors": [describe(p, host) for p in h["owned"]],
             "foreign": [describe(p, host) for p in h["foreign"]],
-            "time_to_dead_s": round(host.monotonic() - t0, 3) if dead else None,
-            "unit_stopped_s": round(unit_stopped_at[unit], 3),
-            "actions": actions[name],
+            "time_to_dead_s": round(host.monotonic() - self.t0, 3) if dead else None,
+            "unit_stopped_s": round(self.unit_stopped_at[unit], 3),
+            "actions": self.actions[name],
         }
-        in_teardown = [p for p in h["owned"] if dying(p, sigkilled)]
-        if teardown_s > 0:
-            entry["teardown_s"] = teardown_s  # waited for processes in teardown after SIGKILL
+        if self.teardown_s > 0:
+            entry["teardown_s"] = self.teardown_s  # waited for processes in teardown after SIGKILL
+        msg = self._why_not_dead(h, st, entry["unit_state"])
+        if msg:
+            entry["msg"] = msg
+        return entry
+
+    def _why_not_dead(self, h: dict[str, list[dict[str, Any]]], st: dict[str, str], unit_state: str) -> str | None:
+        argv = self.host.redactor.argv
+        in_teardown = [p for p in h["owned"] if dying(p, self.sigkilled)]
         if h["foreign"]:
-            entry["msg"] = "; ".join(
-                f"PID {p['pid']} ({' '.join(host.redactor.argv(p['cmdline'])) or '?'}) {p['reason']}"
-                for p in h["foreign"]
+            return "; ".join(
+                f"PID {p['pid']} ({' '.join(argv(p['cmdline'])) or '?'}) {p['reason']}" for p in h["foreign"]
             )
-        elif in_teardown and len(in_teardown) == len(h["owned"]):
-            entry["msg"] = f"still in teardown {teardown_s:.0f}s after SIGKILL (the release deadline): " + ", ".join(
-                f"PID {p['pid']} ({' '.join(host.redactor.argv(p['cmdline']))})" for p in in_teardown
+        if in_teardown and len(in_teardown) == len(h["owned"]):
+            return f"still in teardown {self.teardown_s:.0f}s after SIGKILL (the release deadline): " + ", ".join(
+                f"PID {p['pid']} ({' '.join(argv(p['cmdline']))})" for p in in_teardown
             )
-        elif h["owned"]:
-            entry["msg"] = "survived SIGKILL: " + ", ".join(str(p["pid"]) for p in h["owned"])
-        elif not stopped(st):
-            entry["msg"] = f"unit still {entry['unit_state']} after the stop deadline and SIGKILL"
-        out[name] = entry
-    return {"instances": out, "notes": notes}
+        if h["owned"]:
+            return "survived SIGKILL: " + ", ".join(str(p["pid"]) for p in h["owned"])
+        if not stopped(st):
+            return f"unit still {unit_state} after the stop deadline and SIGKILL"
+        return None
 
 
 def dying(proc: dict[str, Any], sigkilled: set[tuple[int, int]]) -> bool:
@@ -195,8 +257,8 @@ def op_release(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Poll per-GPU memory.used (correct inside containers too, unlike compute-app PIDs) until
     every GPU of the instances is at or below the threshold, or the deadline passes."""
     instances = req["instances"]
-    threshold = int(req.get("threshold_mib", DEFAULTS["threshold_mib"]))
-    timeout = float(req.get("release_timeout", DEFAULTS["release_timeout"]))
+    threshold = int(need(req, "threshold_mib"))
+    timeout = float(need(req, "release_timeout"))
     t0 = host.monotonic()
     pending = {i["name"]: list(i["gpus"]) for i in instances}
     out: dict[str, Any] = {i["name"]: {"released": False, "samples": 0} for i in instances}

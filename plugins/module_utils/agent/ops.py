@@ -17,6 +17,7 @@ from .op_inspect import op_inspect
 from .op_observe import op_observe
 from .op_start import op_record, op_start
 from .op_stop import op_release, op_stop
+from .request import RequestError
 
 AGENT_VERSION = 1
 
@@ -46,6 +47,8 @@ def run(req: dict[str, Any], host: Host | None = None) -> dict[str, Any]:
         result = OPS[op](req, host or Host(req))
     except EvidenceError as exc:
         return {"failed": True, "msg": exc.describe(), "evidence_error": exc.to_dict()}
+    except RequestError as exc:
+        return {"failed": True, "msg": str(exc)}
     result.setdefault("agent_version", AGENT_VERSION)
     return result
 

@@ -17,9 +17,6 @@ import tempfile
 import time
 from typing import Any
 
-STATE_DIR_DEFAULT = "/var/lib/sglang-fleet"
-DESIRED_DIR_DEFAULT = "/etc/sglang-fleet/instances"
-
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -82,7 +79,7 @@ def load_json(path: str) -> dict[str, Any] | None:
 class StateFiles:
     """The desired-settings records and the last good settings of a host's instances."""
 
-    def __init__(self, state_dir: str = STATE_DIR_DEFAULT, desired_dir: str = DESIRED_DIR_DEFAULT):
+    def __init__(self, state_dir: str, desired_dir: str):
         self.state_dir = state_dir
         self.desired_dir = desired_dir
 

@@ -23,12 +23,11 @@ Diagnoses (per instance, over the observed window):
   memory-bound): no tuning change is expected to help much; nothing is proposed.
 * ``unknown`` - not enough evidence (the instance is down, no samples, no /server_info).
 
-Throughput model (an assumption, stated in every prediction): while decode is memory-bandwidth
-bound, an instance's generation throughput is proportional to its running requests; it stops
-growing once a decode step carries ``saturation_batch_tokens`` tokens (running requests x tokens
-per step: ``speculative_num_draft_tokens`` with speculative decoding, else 1). Predicted throughput
-= observed throughput x min(new running, knee) / min(observed running, knee). It ignores the
-per-request slowdown of larger batches, so it is an upper bound.
+Throughput model, stated in every prediction: *expected* is read off the instance's own decode
+step time as a function of its running requests, fitted to its window or to the opt-in stepped
+measurement (:mod:`.throughput`), else the documented exponent; *at most* is throughput
+proportional to running requests up to ``saturation_batch_tokens`` tokens per decode step (running
+requests x ``speculative_num_draft_tokens`` with speculative decoding, else 1), an upper bound.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence
     running_drift,
 )
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.search import ProposalSearch, client_proposal
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import instance_model
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     CLIENT_BOUND,
     COMPUTE_BOUND,
@@ -58,7 +58,11 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabula
     step_tokens,
     yaml_scalar,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats, window_stats
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import (
+    WindowStats,
+    window_series,
+    window_stats,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import (
     FactsResult,
@@ -97,7 +101,8 @@ def _strategy_words(plan: CapacityPlan, settings: Settings) -> str:
     return ", ".join(parts)
 
 
-def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvice:
+# Complexity checked by people: the diagnoses in priority order, one after the other.
+def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvice:  # noqa: PLR0915
     """Diagnose one instance and, where a tuning change would help, propose the best one."""
     policy = policy or Policy()
     obs = ev.observation
@@ -112,6 +117,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     kv_metric = facts.kv_usage_metric if facts is not None else None
     stats = window_stats(samples, eff, kv_tokens if isinstance(kv_tokens, int) else None, kv_metric)
     advice.stats = stats
+    advice.series = window_series(samples)
     if obs.get("metrics_errors"):
         advice.problems.extend(str(e) for e in obs["metrics_errors"])
     if info is None:
@@ -154,6 +160,7 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
     cap = derived.observed.get("logged_mamba_cap")
     mamba_capped = isinstance(cap, Mapping) and cap.get("max_running_requests") == eff
     advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy, mamba_capped)
+    model = instance_model(obs, settings.spec, policy.fit_min_spread, policy.scaling_exponent, policy.fit_min_r2)
     if advice.diagnosis in (MAMBA_BOUND, MAX_RUNNING_BOUND, KV_BOUND):
         if plan is None or derived.facts is None or ev.gpu_total_mib is None:
             advice.problems.append("no proposal: the model's memory facts are not known (see model facts)")
@@ -161,14 +168,14 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
         if plan.errors:
             advice.problems.append(f"no proposal: the current settings do not reproduce: {plan.errors[0]}")
             return advice
-        search = ProposalSearch(ev, derived.facts, settings, plan, stats, eff, policy)
+        search = ProposalSearch(ev, derived.facts, settings, plan, stats, eff, policy, model)
         proposals = search.raise_kv() if advice.diagnosis == KV_BOUND else search.raise_running()
         if proposals:
             advice.proposal, advice.alternatives = proposals[0], proposals[1:4]
         else:
             advice.why.append("no change within the GPU's memory and the release's flags raises it")
     elif advice.diagnosis == CLIENT_BOUND:
-        advice.proposal = client_proposal(stats, eff, settings, policy)
+        advice.proposal = client_proposal(stats, eff, settings, policy, model)
     return advice
 
 

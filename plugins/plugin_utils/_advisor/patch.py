@@ -76,7 +76,6 @@ def _host_patch(
     """One host's variables, and a note saying why they are per instance."""
     layout = [dict(e) for e in layers.get("instances") or []]
     instance_args = {str(e.get("name")): dict(e.get("args") or {}) for e in layout}
-    instance_args.update({str(k): dict(v or {}) for k, v in (layers.get("instance_args") or {}).items()})
     on_host = [str(e.get("name")) for e in layout] or [str(m["name"]) for m in members]
     by_name = {str(m["name"]): _server_changes(m) for m in members}
     distinct = {json.dumps(c, sort_keys=True) for c in by_name.values()}

@@ -44,8 +44,8 @@ def fleet_report(
     and the inventory patch (:mod:`_advisor.patch`).
 
     ``inventory`` maps each host to its layers: ``sglang_server_host_args``, ``sglang_server_args``
-    (the group's), ``instance_args`` ({instance: args} of ``sglang_server_instances``) and
-    ``instances`` (its ``sglang_server_instances`` entries). Each instance with a server change
+    (the group's) and ``instances`` (its ``sglang_server_instances`` entries, each with its own
+    ``args``: the one copy of them). Each instance with a server change
     gets ``args_after``: its own args with the proposal (``advise --trial``'s canary override), and
     the report keeps each host's entries as ``layouts``.
     """
@@ -112,8 +112,12 @@ def _throughput_words(prop: Mapping[str, Any]) -> str:
         prop.get("throughput_factor_expected"),
         prop.get("throughput_before"),
     )
+    model = prop.get("throughput_model") or {}
+    how = {"window": " (the window's step times)", "measurement": " (the measured step times)"}.get(
+        str(model.get("method")), " (the documented exponent)" if model else ""
+    )
     words = (
-        f"  throughput x{expected:.2f} expected, x{factor:.2f} at most"
+        f"  throughput x{expected:.2f} expected{how}, x{factor:.2f} at most"
         if expected is not None
         else f"  throughput x{factor:.2f}"
     )
@@ -124,7 +128,8 @@ def _throughput_words(prop: Mapping[str, Any]) -> str:
     return words
 
 
-def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str:
+# Complexity checked by people: the report's text, one optional section per branch, top to bottom.
+def report_text(report: Mapping[str, Any], patch_path: str | None = None) -> str:  # noqa: PLR0912
     """The report for people: per group of instances, the diagnosis, why (metrics to check on a
     dashboard), the proposal and what it is predicted to give."""
     head = "sglang-fleet advice"

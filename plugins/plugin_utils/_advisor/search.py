@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import Evidence, client_demand_after
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import ThroughputModel
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.vocabulary import (
     Policy,
     Proposal,
@@ -29,11 +30,13 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts i
 )
 
 
-def client_proposal(stats: WindowStats, eff: int, settings: Settings, policy: Policy) -> Proposal:
+def client_proposal(
+    stats: WindowStats, eff: int, settings: Settings, policy: Policy, model: ThroughputModel
+) -> Proposal:
     target = math.ceil(policy.client_headroom * eff)
     before = stats.gen_throughput_mean or stats.generation_rate
     decode_knee = knee(settings, policy)
-    factor, expected = throughput_factors(eff, stats.running_mean or 0.0, decode_knee, policy)
+    factor, expected = throughput_factors(eff, stats.running_mean or 0.0, decode_knee, model)
     proposal = Proposal(
         client_changes={"generation_concurrency": "auto", "generation_concurrency_factor": policy.client_headroom},
         effective_max_before=eff,
@@ -42,6 +45,7 @@ def client_proposal(stats: WindowStats, eff: int, settings: Settings, policy: Po
         throughput_before=before,
         throughput_after=before * factor if before is not None else None,
         throughput_factor_expected=expected,
+        throughput_model=model.to_dict(),
         notes=[
             f"keep at least {target} requests in flight per instance ({policy.client_headroom} x the effective max "
             f"{eff}); the clients sent {fmt(stats.demand_mean, 1)} on average (running + queued)",
@@ -65,9 +69,10 @@ class ProposalSearch:
         stats: WindowStats,
         eff: int,
         policy: Policy,
+        model: ThroughputModel,
     ) -> None:
         self.ev, self.facts, self.settings, self.plan = ev, facts, settings, plan
-        self.stats, self.eff, self.policy = stats, eff, policy
+        self.stats, self.eff, self.policy, self.model = stats, eff, policy, model
         self.knee = knee(settings, policy)
         self.table = load_table()
         # KV the running requests need: what they used per request, at most this share of the cache;
@@ -181,7 +186,15 @@ class ProposalSearch:
                 "nothing was queued: the prediction assumes the clients follow the server's max "
                 "(generation_concurrency auto does)"
             )
-        factor, expected = throughput_factors(running_after, self.stats.running_mean or 0.0, self.knee, self.policy)
+        occupancy = self.occupancy()
+        if occupancy < 0.95:
+            running_after *= occupancy
+            notes.append(
+                f"over the window {fmt(self.stats.running_mean, 1)} requests ran of the {fmt(self.held_before(), 1)} "
+                f"the server could hold for the clients ({occupancy:.0%}: the rest between their prefill and "
+                "decode): the prediction counts the same share of the new limit"
+            )
+        factor, expected = throughput_factors(running_after, self.stats.running_mean or 0.0, self.knee, self.model)
         if self.plan.overlap and not plan.overlap:
             factor *= 1 - self.policy.overlap_off_cost
             expected *= 1 - self.policy.overlap_off_cost
@@ -191,7 +204,7 @@ class ProposalSearch:
         notes.append(
             "throughput model: at most proportional to running requests while decode is memory-bound, up to "
             f"{self.policy.saturation_batch_tokens} tokens per decode step ({self.knee} running requests here); "
-            f"expected: running requests x r give throughput x r^{self.policy.scaling_exponent:g}"
+            f"expected: {self.model.words()}"
         )
         return Proposal(
             changes=changes,
@@ -204,9 +217,27 @@ class ProposalSearch:
             throughput_before=self.throughput,
             throughput_after=self.throughput * factor if self.throughput is not None else None,
             throughput_factor_expected=expected,
+            throughput_model=self.model.to_dict(),
             plan=plan.to_dict(),
             notes=notes,
         )
+
+    def held_before(self) -> float:
+        """What the server could run for the clients over the window: the effective max, the
+        requests the KV cache held at their size, and what the clients sent, whichever is least."""
+        held = float(self.eff)
+        if self.tokens_per_request and self.plan.kv_tokens:
+            held = min(held, self.plan.kv_tokens / self.tokens_per_request)
+        if self.stats.demand_mean:
+            held = min(held, self.stats.demand_mean)
+        return max(held, 1.0)
+
+    def occupancy(self) -> float:
+        """The share of what the server could hold that ran (short requests spend part of their
+        time queued for their prefill): at most 1."""
+        if not self.stats.running_mean:
+            return 1.0
+        return min(1.0, self.stats.running_mean / self.held_before())
 
     def startup_refusals(self, changes: dict[str, list[Any]]) -> list[str]:
         """What the release would refuse at startup with the changes applied to the instance's
@@ -243,7 +274,8 @@ class ProposalSearch:
             "mem_fraction_static" in p.changes
         )
         slots = (p.changes.get("max_mamba_cache_size") or [0, 0])[1] or 0
-        return (-round(p.throughput_factor or 0.0, 3), lowers, invasive, slots)
+        expected = p.throughput_factor_expected if p.throughput_factor_expected is not None else p.throughput_factor
+        return (-round(expected or 0.0, 3), lowers, invasive, slots)
 
     # -- raise the effective max (mamba-bound, max-running-bound) ----------------------------
 

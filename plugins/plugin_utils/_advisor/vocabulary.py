@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import ThroughputModel
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.window import WindowStats
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import Settings
 
@@ -44,6 +45,10 @@ class Policy:
     # The expected throughput: running requests x r give throughput x r ** this (a run measured:
     # 32 -> 72 running requests per RTX PRO 6000, 670 -> 1180 tok/s per GPU: 1.76 = 2.25 ** 0.70).
     scaling_exponent: float = 0.7
+    # The measured model (throughput.py): the running requests of the window (or of the
+    # measurement) must span at least this ratio (highest / lowest level) to fit the step time.
+    fit_min_spread: float = 1.5
+    fit_min_r2: float = 0.9  # a fit whose step times stray further from a straight line is not used
 
 
 @dataclass
@@ -60,7 +65,8 @@ class Proposal:
     throughput_factor: float | None = None  # at most: throughput proportional to running requests
     throughput_before: float | None = None
     throughput_after: float | None = None
-    throughput_factor_expected: float | None = None  # with Policy.scaling_exponent
+    throughput_factor_expected: float | None = None  # the measured model's, else Policy.scaling_exponent's
+    throughput_model: dict[str, Any] | None = None  # throughput.ThroughputModel.to_dict()
     plan: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -94,6 +100,7 @@ class InstanceAdvice:
     problems: list[str] = field(default_factory=list)
     model_check: bool | None = None
     drift: dict[str, list[Any]] = field(default_factory=dict)  # setting -> [the inventory's, the running]
+    series: dict[str, list[Any]] = field(default_factory=dict)  # window.window_series (the pictures)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +118,7 @@ class InstanceAdvice:
             "problems": list(self.problems),
             "model_check": self.model_check,
             "drift": dict(self.drift),
+            "series": dict(self.series),
         }
 
 
@@ -136,13 +144,17 @@ def knee(settings: Settings, policy: Policy) -> int:
 
 
 def throughput_factors(
-    running_after: float, running_before: float, decode_knee: int, policy: Policy
+    running_after: float, running_before: float, decode_knee: int, model: ThroughputModel
 ) -> tuple[float, float]:
     """(at most, expected): the throughput factor of running ``running_after`` requests rather than
-    ``running_before``, up to the knee - proportional (memory-bound decode, an upper bound) and at
-    the policy's sublinear scaling."""
+    ``running_before`` - proportional up to the knee (memory-bound decode, an upper bound), and
+    the instance's measured step-time curve (:mod:`.throughput`; its fallback, the
+    policy's exponent, counts up to the knee too)."""
     ratio = min(running_after, decode_knee) / min(max(running_before, 1e-9), decode_knee)
-    return ratio, ratio**policy.scaling_exponent
+    if model.fitted:
+        expected = model.factor(running_after, running_before)
+        return max(ratio, expected), expected
+    return ratio, ratio**model.exponent
 
 
 def instance_names(members: Sequence[Mapping[str, Any]]) -> str:

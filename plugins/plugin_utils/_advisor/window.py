@@ -122,3 +122,17 @@ def window_stats(
     elif running:
         stats.demand_mean = stats.running_mean
     return stats
+
+
+def window_series(samples: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+    """The window for a picture: per sample its time, running requests and generation throughput."""
+    out: dict[str, list[float | None]] = {"t": [], "running": [], "gen_throughput": []}
+    for s in samples:
+        t = s.get("t")
+        if not isinstance(t, (int, float)):
+            continue
+        out["t"].append(round(float(t), 3))
+        for key, metric in (("running", "num_running_reqs"), ("gen_throughput", "gen_throughput")):
+            value = s.get(metric)
+            out[key].append(round(float(value), 2) if isinstance(value, (int, float)) else None)
+    return out

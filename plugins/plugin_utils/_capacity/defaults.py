@@ -23,7 +23,6 @@ NO_MAMBA_RADIX = frozenset({"KimiLinearForCausalLM", "BailingMoeV2_5ForCausalLM"
 NO_EXTRA_BUFFER = frozenset(
     {"NemotronHForCausalLM", "FalconH1ForCausalLM", "Lfm2ForCausalLM", "JetNemotronForCausalLM"}
 )
-STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
@@ -76,7 +75,8 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
-def reserved_mib(release: str, gpu_total_mib: float, settings: Settings, mla: bool = False) -> float:
+# Complexity checked by people: SGLang's own per-release cases, in its order, to compare with the source.
+def reserved_mib(release: str, gpu_total_mib: float, settings: Settings, mla: bool = False) -> float:  # noqa: PLR0912
     """The MiB SGLang keeps out of the static pools when it picks ``mem_fraction_static``."""
     v14 = at_least(release, 14)
     chunk = settings.chunked_prefill_size
@@ -150,7 +150,8 @@ class Strategy:
     error: str | None = None
 
 
-def resolve_strategy(release: str, settings: Settings, architecture: str | None = None) -> Strategy:
+# Complexity checked by people: SGLang's strategy resolution case by case, in its order, to compare with the source.
+def resolve_strategy(release: str, settings: Settings, architecture: str | None = None) -> Strategy:  # noqa: PLR0912, PLR0915
     """Strategy resolution (``auto``), what it switches off, and the slots per request."""
     notes: list[str] = []
     strategy = settings.mamba_scheduler_strategy or "auto"

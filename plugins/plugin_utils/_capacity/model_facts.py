@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, ModelFacts, at_least
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import nearest_release_facts
 
 _NUM = r"(\d+(?:\.\d+)?)"
 LOAD_WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
@@ -152,21 +153,41 @@ def parse_mamba_cap_warning(line: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+@dataclass(frozen=True)
+class DraftLines:
+    """Where the draft model's own startup lines are, by release: the vendored release facts
+    (:mod:`._releases.facts`, read from each release's source). ``lines``: the kinds of line
+    (``log_lines`` keys: ``load_weight_begin``, ``load_weight_end``, ``kv_cache``) the draft's own
+    model runner writes too, after the target's line of the same kind; ``before_target_pools``:
+    whether it is loaded before the target's pools are sized (its weights and its KV layer then
+    count in the target's sizing) or after them (its lines are left out)."""
+
+    lines: frozenset[str] = frozenset()
+    before_target_pools: bool = False
+
+    @classmethod
+    def of(cls, release: str) -> DraftLines:
+        """The draft's lines of ``release`` (the nearest release read at or below it); none for a
+        release the facts do not know."""
+        facts = nearest_release_facts(release)
+        if facts is None:
+            return cls()
+        return cls(frozenset(facts.draft_log_lines), facts.draft_before_target_pools)
+
+
 @dataclass
 class StartupLines:
     """The startup lines of one run of an instance (a unit's journal for one invocation holds one
     start), the target model's first.
 
-    With speculative decoding (MTP/EAGLE) the draft model has its own model runner and its own
-    lines (the golden journals in tests/unit/fixtures/journals). From 0.5.14 it loads before the
-    target's pools are sized: its weight lines come before the pools, and its one-layer KV pool
-    logs a second ``KV Cache is allocated`` line with the same ``#tokens`` right after the
-    target's; the target's pool was sized with the draft's layer in each token's cell (0.5.23
-    ``model_executor/pool_configurator.py:258-273``). On 0.5.9 it loads after the target's pools
-    and CUDA graphs: its lines come after a new ``Load weight begin``, and the target's pools were
-    sized without it. So the weights are every ``Load weight end`` before the first pool, the KV
-    cell every KV line of the same ``#tokens`` before the next ``Load weight begin``, and the memory
-    before the weights comes from the first ``Load weight`` line (the target's).
+    With speculative decoding (MTP/EAGLE) the draft model has its own model runner and writes its
+    own lines of the kinds the release's facts name (:class:`DraftLines`; the golden journals in
+    tests/unit/fixtures/journals): the second line of such a kind is the draft's. Where the draft
+    is loaded before the target's pools are sized (0.5.14+), its weights count in the weights
+    before the pools and its one-layer KV pool, logged with the target's ``#tokens``, in each
+    token's cell (0.5.23 ``model_executor/pool_configurator.py:258-273``); where it is loaded
+    after them (0.5.9), its lines are left out: the target's pools were sized without it. The
+    memory before the weights comes from the first ``Load weight`` line (the target's).
     """
 
     load_weight_begin_gib: float | None = None
@@ -180,8 +201,10 @@ class StartupLines:
     weights_before_pools: list[LoadWeightEnd] = field(default_factory=list)
     # The KV lines sized together: the target's, and the draft's of the same #tokens on 0.5.14+.
     kv_sized_together: list[KVCacheLine] = field(default_factory=list)
-    # Lines of a later model runner (0.5.9's draft), left out of the facts.
+    # The draft's lines left out of the facts (loaded after the target's pools: 0.5.9).
     later_runner_lines: int = 0
+    # Lines of a kind already seen that neither the target nor the draft writes again.
+    unexplained_lines: int = 0
 
     def found(self) -> list[str]:
         names = {
@@ -206,40 +229,60 @@ class StartupLines:
         return sum(k.k_gib + k.v_gib for k in self.kv_sized_together)
 
 
-def parse_startup_lines(lines: Iterable[str]) -> StartupLines:
+def _whose(kind: str, seen: dict[str, int], draft: DraftLines) -> str:
+    """``target`` (the first line of its kind), ``draft`` (the second, of a kind the draft writes
+    too) or ``unexplained``; counts the line."""
+    count = seen.get(kind, 0)
+    seen[kind] = count + 1
+    if count == 0:
+        return "target"
+    return "draft" if count == 1 and kind in draft.lines else "unexplained"
+
+
+def parse_startup_lines(lines: Iterable[str], draft: DraftLines | None = None) -> StartupLines:
+    """The startup lines of one run; ``draft``: where the draft model's lines are (the release's
+    facts, :meth:`DraftLines.of`); without it every line is the target's first line of its kind."""
+    draft = draft or DraftLines()
     out = StartupLines()
-    pools_seen = False
-    later_runner = False  # a model runner started after the target's pools (0.5.9's draft)
+    seen: dict[str, int] = {}
+
+    def keep(kind: str) -> str | None:
+        """Whose line it is, or None when it is left out of the facts (counted)."""
+        whose = _whose(kind, seen, draft)
+        if whose == "unexplained":
+            out.unexplained_lines += 1
+            return None
+        if whose == "draft" and not draft.before_target_pools:
+            out.later_runner_lines += 1
+            return None
+        return whose
+
     for line in lines:
         begin = parse_load_weight_begin(line)
         if begin is not None:
-            if pools_seen:
-                later_runner = True
-            if out.load_weight_begin_gib is None:
+            if keep("load_weight_begin") == "target":
                 out.load_weight_begin_gib = begin
-            continue
-        if later_runner and (LOAD_WEIGHT_END.search(line) or MAMBA_CACHE.search(line) or KV_CACHE.search(line)):
-            out.later_runner_lines += 1
             continue
         end = parse_load_weight_end(line)
         if end is not None:
-            if out.load_weight_end is None:
+            whose = keep("load_weight_end")
+            if whose == "target":
                 out.load_weight_end = end
-            if not pools_seen:
+            if whose is not None:
                 out.weights_before_pools.append(end)
             continue
         mamba = parse_mamba_cache(line)
         if mamba is not None:
-            pools_seen = True
-            if out.mamba is None:
+            if keep("mamba_cache") == "target":
                 out.mamba = mamba
             continue
         kv = parse_kv_cache(line)
         if kv is not None:
-            pools_seen = True
-            if out.kv is None:
+            whose = keep("kv_cache")
+            if whose == "target":
                 out.kv = kv
-            if kv.tokens == out.kv.tokens:
+                out.kv_sized_together.append(kv)
+            elif whose == "draft" and out.kv is not None and kv.tokens == out.kv.tokens:
                 out.kv_sized_together.append(kv)
             continue
         for attr, parser in (("summary", parse_scheduler_summary), ("mamba_cap", parse_mamba_cap_warning)):
@@ -308,133 +351,15 @@ def derive_model_facts(
     ``sglang:context_len`` gauge if it was read. Without enough evidence for a fact, ``facts`` is
     None and ``problems`` says what is missing.
     """
-    lines = parse_startup_lines(journal_lines)
-    state = internal_state(server_info)
-    raw_usage = state.get("memory_usage")
-    usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
-    sources: dict[str, str] = {}
-    problems: list[str] = []
-    observed: dict[str, Any] = {"journal_lines": lines.found()}
-    total_gib = gpu_total_mib / 1024.0 if gpu_total_mib else None
-
-    # Reported figures, to check the arithmetic against.
-    info = server_info or {}
-    k_reported = _int(state.get("max_mamba_cache_size"))
-    if k_reported is None and lines.mamba is not None:
-        k_reported = lines.mamba.max_mamba_cache_size
-    tokens_reported = _int(info.get("max_total_num_tokens"))
-    if tokens_reported is None and lines.kv is not None:
-        tokens_reported = lines.kv.tokens
-    observed.update(
-        max_mamba_cache_size=k_reported,
-        max_total_num_tokens=tokens_reported,
-        effective_max_running_requests=_int(state.get("effective_max_running_requests_per_dp")),
-    )
-    if lines.summary is not None:
-        observed["logged_max_running_requests"] = lines.summary.max_running_requests
-    if lines.mamba_cap is not None:
-        observed["logged_mamba_cap"] = {
-            "max_running_requests": lines.mamba_cap[0],
-            "max_mamba_cache_size": lines.mamba_cap[1],
-            "slots_per_request": lines.mamba_cap[2],
-        }
-
-    # Weights.
-    weights = None
-    if lines.weights_gib is not None:
-        weights = lines.weights_gib
-        count = len(lines.weights_before_pools)
-        sources["weights_gib"] = "journal: Load weight end (mem usage)" + (
-            f", the {count} model runners loaded before the pools (target and draft)" if count > 1 else ""
-        )
-    elif _float(usage.get("weight")) is not None:
-        weights = _float(usage.get("weight"))
-        sources["weights_gib"] = "/server_info: internal_states[0].memory_usage.weight"
-    else:
-        problems.append("weights: neither the journal's 'Load weight end' line nor /server_info memory_usage.weight")
-
-    # What was in use before the weights (CUDA context, other processes).
-    overhead = None
-    if total_gib is not None:
-        if lines.load_weight_end is not None:
-            overhead = total_gib - lines.load_weight_end.avail_gib - lines.load_weight_end.weights_gib
-            sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight end (avail mem + mem usage)"
-        elif lines.load_weight_begin_gib is not None:
-            overhead = total_gib - lines.load_weight_begin_gib
-            sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight begin (avail mem)"
-        else:
-            # memory_usage.startup_available is what was free after the pools and CUDA graphs.
-            problems.append("memory in use before the weights: no 'Load weight' line in the journal")
-        if overhead is not None:
-            overhead = max(overhead, 0.0)
-    else:
-        problems.append("the GPU's memory.total (nvidia-smi) is unknown")
-
-    # Mamba state per slot.
-    hybrid = lines.mamba is not None or k_reported is not None
-    per_slot = 0.0
-    if hybrid:
-        if lines.mamba is not None:
-            pad = 1 if at_least(release, 18) else 0
-            slots = lines.mamba.max_mamba_cache_size + pad
-            per_slot = lines.mamba.pool_gib * GIB / slots
-            sources["mamba_bytes_per_slot"] = f"journal: Mamba Cache is allocated ((conv + ssm) / {slots} slots" + (
-                ", one of them padding)" if pad else ")"
-            )
-            observed["mamba_pool_gib"] = lines.mamba.pool_gib
-            observed["mamba_intermediate_gib"] = lines.mamba.intermediate_gib
-        else:
-            problems.append(
-                "Mamba state per slot: the journal's 'Mamba Cache is allocated' line of the current run is "
-                "missing (/server_info does not tell the Mamba pool from the KV cache)"
-            )
-
-    # KV bytes per token.
-    kv_cell = 0.0
-    if lines.kv is not None and lines.kv.tokens > 0 and lines.kv_gib > 0:
-        kv_cell = lines.kv_gib * GIB / lines.kv.tokens
-        pools = len(lines.kv_sized_together)
-        sources.update(
-            {
-                _KV_CELL: "journal: KV Cache is allocated ((K size + V size) / #tokens"
-                + (f", the target's and the draft's {pools} pools of the same #tokens)" if pools > 1 else ")")
-            }
-        )
-    else:
-        capacity = _int(usage.get("token_capacity"))
-        kvcache = _float(usage.get("kvcache"))
-        spec = bool((server_info or {}).get("speculative_algorithm"))
-        if capacity and kvcache is not None and kvcache > 0 and not spec:
-            # kvcache is the target's KV pool alone; with a draft model its layer is missing.
-            kv_cell = kvcache * GIB / capacity
-            sources.update({_KV_CELL: "/server_info: memory_usage kvcache (the KV pool) / token_capacity"})
-        if kv_cell <= 0:
-            problems.append(
-                "KV bytes per token: no 'KV Cache is allocated' line in the journal and /server_info "
-                "memory_usage does not give it"
-            )
-
-    # Context length.
-    context = None
-    if lines.summary is not None:
-        context = lines.summary.context_len
-        sources["context_length"] = "journal: max_total_num_tokens=... context_len"
-    elif context_len_metric:
-        context = int(context_len_metric)
-        sources["context_length"] = "/metrics: sglang:context_len"
-    elif _int(info.get("context_length")):
-        context = _int(info.get("context_length"))
-        sources["context_length"] = "/server_info: context_length"
-    else:
-        req_len = _int(info.get("max_req_input_len"))
-        if req_len is not None and tokens_reported is not None and req_len + 1 < tokens_reported:
-            context = req_len + 1
-            sources["context_length"] = "/server_info: max_req_input_len + 1"
-        else:
-            problems.append("context length: no 'context_len=' line in the journal, no sglang:context_len gauge")
-
+    d = _Derivation(parse_startup_lines(journal_lines, DraftLines.of(release)), server_info or {}, gpu_total_mib)
+    d.observe_reported_figures()
+    weights = d.weights()
+    overhead = d.overhead()
+    hybrid, per_slot = d.mamba_bytes_per_slot(release)
+    kv_cell = d.kv_bytes_per_token()
+    context = d.context_length(context_len_metric)
     facts = None
-    if not problems and weights is not None and overhead is not None and context is not None:
+    if not d.problems and weights is not None and overhead is not None and context is not None:
         facts = ModelFacts(
             hybrid=hybrid,
             mamba_bytes_per_slot=per_slot,
@@ -443,4 +368,141 @@ def derive_model_facts(
             context_length=context,
             overhead_gib=overhead,
         )
-    return FactsResult(facts=facts, sources=sources, observed=observed, problems=problems)
+    return FactsResult(facts=facts, sources=d.sources, observed=d.observed, problems=d.problems)
+
+
+class _Derivation:
+    """The evidence of one instance, and each fact derived from it in a step of its own: where
+    each came from (``sources``), what is missing (``problems``) and the reported figures to check
+    the arithmetic against (``observed``)."""
+
+    def __init__(self, lines: StartupLines, info: Mapping[str, Any], gpu_total_mib: float | None):
+        self.lines = lines
+        self.info = info
+        self.state = internal_state(info)
+        raw_usage = self.state.get("memory_usage")
+        self.usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
+        self.total_gib = gpu_total_mib / 1024.0 if gpu_total_mib else None
+        self.sources: dict[str, str] = {}
+        self.problems: list[str] = []
+        self.observed: dict[str, Any] = {"journal_lines": lines.found()}
+        self.k_reported: int | None = None
+        self.tokens_reported: int | None = None
+
+    def observe_reported_figures(self) -> None:
+        lines = self.lines
+        self.k_reported = _int(self.state.get("max_mamba_cache_size"))
+        if self.k_reported is None and lines.mamba is not None:
+            self.k_reported = lines.mamba.max_mamba_cache_size
+        self.tokens_reported = _int(self.info.get("max_total_num_tokens"))
+        if self.tokens_reported is None and lines.kv is not None:
+            self.tokens_reported = lines.kv.tokens
+        self.observed.update(
+            max_mamba_cache_size=self.k_reported,
+            max_total_num_tokens=self.tokens_reported,
+            effective_max_running_requests=_int(self.state.get("effective_max_running_requests_per_dp")),
+        )
+        if lines.summary is not None:
+            self.observed["logged_max_running_requests"] = lines.summary.max_running_requests
+        if lines.mamba_cap is not None:
+            self.observed["logged_mamba_cap"] = {
+                "max_running_requests": lines.mamba_cap[0],
+                "max_mamba_cache_size": lines.mamba_cap[1],
+                "slots_per_request": lines.mamba_cap[2],
+            }
+
+    def weights(self) -> float | None:
+        lines = self.lines
+        if lines.weights_gib is not None:
+            count = len(lines.weights_before_pools)
+            self.sources["weights_gib"] = "journal: Load weight end (mem usage)" + (
+                f", the {count} model runners loaded before the pools (target and draft)" if count > 1 else ""
+            )
+            return lines.weights_gib
+        weight = _float(self.usage.get("weight"))
+        if weight is not None:
+            self.sources["weights_gib"] = "/server_info: internal_states[0].memory_usage.weight"
+            return weight
+        self.problems.append(
+            "weights: neither the journal's 'Load weight end' line nor /server_info memory_usage.weight"
+        )
+        return None
+
+    def overhead(self) -> float | None:
+        """What was in use before the weights (CUDA context, other processes)."""
+        lines = self.lines
+        if self.total_gib is None:
+            self.problems.append("the GPU's memory.total (nvidia-smi) is unknown")
+            return None
+        if lines.load_weight_end is not None:
+            self.sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight end (avail mem + mem usage)"
+            end = lines.load_weight_end
+            return max(self.total_gib - end.avail_gib - end.weights_gib, 0.0)
+        if lines.load_weight_begin_gib is not None:
+            self.sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight begin (avail mem)"
+            return max(self.total_gib - lines.load_weight_begin_gib, 0.0)
+        # memory_usage.startup_available is what was free after the pools and CUDA graphs.
+        self.problems.append("memory in use before the weights: no 'Load weight' line in the journal")
+        return None
+
+    def mamba_bytes_per_slot(self, release: str) -> tuple[bool, float]:
+        """Whether the model is hybrid, and the Mamba state of one slot."""
+        mamba = self.lines.mamba
+        hybrid = mamba is not None or self.k_reported is not None
+        if not hybrid:
+            return False, 0.0
+        if mamba is None:
+            self.problems.append(
+                "Mamba state per slot: the journal's 'Mamba Cache is allocated' line of the current run is "
+                "missing (/server_info does not tell the Mamba pool from the KV cache)"
+            )
+            return True, 0.0
+        pad = 1 if at_least(release, 18) else 0
+        slots = mamba.max_mamba_cache_size + pad
+        self.sources["mamba_bytes_per_slot"] = f"journal: Mamba Cache is allocated ((conv + ssm) / {slots} slots" + (
+            ", one of them padding)" if pad else ")"
+        )
+        self.observed["mamba_pool_gib"] = mamba.pool_gib
+        self.observed["mamba_intermediate_gib"] = mamba.intermediate_gib
+        return True, mamba.pool_gib * GIB / slots
+
+    def kv_bytes_per_token(self) -> float:
+        lines = self.lines
+        if lines.kv is not None and lines.kv.tokens > 0 and lines.kv_gib > 0:
+            pools = len(lines.kv_sized_together)
+            self.sources[_KV_CELL] = "journal: KV Cache is allocated ((K size + V size) / #tokens" + (
+                f", the target's and the draft's {pools} pools of the same #tokens)" if pools > 1 else ")"
+            )
+            return lines.kv_gib * GIB / lines.kv.tokens
+        kv_cell = 0.0
+        capacity = _int(self.usage.get("token_capacity"))
+        kvcache = _float(self.usage.get("kvcache"))
+        spec = bool(self.info.get("speculative_algorithm"))
+        if capacity and kvcache is not None and kvcache > 0 and not spec:
+            # kvcache is the target's KV pool alone; with a draft model its layer is missing.
+            kv_cell = kvcache * GIB / capacity
+            self.sources[_KV_CELL] = "/server_info: memory_usage kvcache (the KV pool) / token_capacity"
+        if kv_cell <= 0:
+            self.problems.append(
+                "KV bytes per token: no 'KV Cache is allocated' line in the journal and /server_info "
+                "memory_usage does not give it"
+            )
+        return kv_cell
+
+    def context_length(self, context_len_metric: float | None) -> int | None:
+        if self.lines.summary is not None:
+            self.sources["context_length"] = "journal: max_total_num_tokens=... context_len"
+            return self.lines.summary.context_len
+        if context_len_metric:
+            self.sources["context_length"] = "/metrics: sglang:context_len"
+            return int(context_len_metric)
+        from_info = _int(self.info.get("context_length"))
+        if from_info:
+            self.sources["context_length"] = "/server_info: context_length"
+            return from_info
+        req_len = _int(self.info.get("max_req_input_len"))
+        if req_len is not None and self.tokens_reported is not None and req_len + 1 < self.tokens_reported:
+            self.sources["context_length"] = "/server_info: max_req_input_len + 1"
+            return req_len + 1
+        self.problems.append("context length: no 'context_len=' line in the journal, no sglang:context_len gauge")
+        return None

@@ -130,8 +130,46 @@ class _Host:
 
 
 def _host(hostname: str, hostvars: Mapping[str, Any], table: FlagTable, problems: list[str]) -> _Host:
+    """The host-wide values, each checked; problems in the order the variables are documented."""
     where = f"host {hostname}"
     host_warnings: list[str] = []
+    version, flag_version = _release(where, hostvars, table, problems, host_warnings)
+    python = host_scalar(hostvars, "sglang_server_python", where, problems, *_PYTHON)
+    model_path = _model_path(where, hostvars, problems)
+    served, listen, base_port = (
+        host_scalar(hostvars, name, where, problems, check, expected) for name, check, expected in _SERVING
+    )
+    gpu_count = _gpu_count(where, hostvars, problems)
+    container = host_scalar(hostvars, "sglang_server_lxc_container", where, problems, *_CONTAINER)
+    return _Host(
+        where,
+        version,
+        flag_version,
+        python,
+        model_path,
+        served,
+        listen,
+        base_port,
+        gpu_count,
+        container,
+        host_warnings,
+    )
+
+
+# Each optional host variable: how it is checked, and what a message says it expects.
+_PYTHON = (lambda v: isinstance(v, str) and v.startswith("/"), "an absolute path to a python")
+_SERVING = (
+    ("sglang_server_served_model_name", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    ("sglang_server_listen_host", lambda v: isinstance(v, str) and bool(v), "an address or host name"),
+    ("sglang_server_base_port", lambda v: is_int(v) and 1 <= v <= 65535, "a TCP port number (1-65535)"),
+)
+_CONTAINER = (lambda v: is_int(v) and v > 0, "a Proxmox container id (a positive integer)")
+
+
+def _release(
+    where: str, hostvars: Mapping[str, Any], table: FlagTable, problems: list[str], host_warnings: list[str]
+) -> tuple[str | None, str | None]:
+    """The SGLang release installed, and whose flag table applies to it."""
     version = hostvars.get("sglang_server_version")
     table_version = hostvars.get("sglang_server_flag_table_version")
     supported = ", ".join(table.versions)
@@ -159,78 +197,32 @@ def _host(hostname: str, hostvars: Mapping[str, Any], table: FlagTable, problems
             "release in between, set sglang_server_flag_table_version to the nearest supported version "
             "and its flag table is used"
         )
-    flag_version: str | None = None
     if table_version is not None:
-        flag_version = str(table_version)
-    elif version is not None and table.supports(version):
-        flag_version = version
+        return version, str(table_version)
+    if version is not None and table.supports(version):
+        return version, version
+    return version, None
 
-    python = host_scalar(
-        hostvars,
-        "sglang_server_python",
-        where,
-        problems,
-        lambda v: isinstance(v, str) and v.startswith("/"),
-        "an absolute path to a python",
-    )
+
+def _model_path(where: str, hostvars: Mapping[str, Any], problems: list[str]) -> Any:
     model_path = hostvars.get("sglang_server_model_path")
     if not isinstance(model_path, str) or not model_path.strip():
         problems.append(
             f"{where}: sglang_server_model_path is required: a Hugging Face repo id or a local path, "
             f"got {describe(model_path)}"
         )
-    served = host_scalar(
-        hostvars,
-        "sglang_server_served_model_name",
-        where,
-        problems,
-        lambda v: isinstance(v, str) and bool(v),
-        "a non-empty string",
-    )
-    listen = host_scalar(
-        hostvars,
-        "sglang_server_listen_host",
-        where,
-        problems,
-        lambda v: isinstance(v, str) and bool(v),
-        "an address or host name",
-    )
-    base_port = host_scalar(
-        hostvars,
-        "sglang_server_base_port",
-        where,
-        problems,
-        lambda v: is_int(v) and 1 <= v <= 65535,
-        "a TCP port number (1-65535)",
-    )
+    return model_path
+
+
+def _gpu_count(where: str, hostvars: Mapping[str, Any], problems: list[str]) -> int | None:
     gpu_count = hostvars.get("sglang_server_gpu_count")
     if not is_int(gpu_count) or gpu_count < 1:
         problems.append(
             f"{where}: sglang_server_gpu_count is required: the number of GPUs on the host "
             f"(or in its container), got {describe(gpu_count)}"
         )
-        gpu_count = None
-    container = host_scalar(
-        hostvars,
-        "sglang_server_lxc_container",
-        where,
-        problems,
-        lambda v: is_int(v) and v > 0,
-        "a Proxmox container id (a positive integer)",
-    )
-    return _Host(
-        where,
-        version,
-        flag_version,
-        python,
-        model_path,
-        served,
-        listen,
-        base_port,
-        gpu_count,
-        container,
-        host_warnings,
-    )
+        return None
+    return int(gpu_count)
 
 
 def _launch_args(

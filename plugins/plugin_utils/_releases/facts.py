@@ -110,6 +110,12 @@ def release_facts(release: str, path: Path = FACTS_PATH) -> ReleaseFacts | None:
     )
 
 
+def nearest_release_facts(release: str) -> ReleaseFacts | None:
+    """The facts of ``release``, or of the nearest release read below it (a release between two
+    that were read has the facts of the older one); None when none was read at or below it."""
+    return release_facts(_nearest(release))
+
+
 def startup_refusals(release: str, settings: Mapping[str, Any], where: str = "") -> list[str]:
     """One line per constraint of ``release`` that ``settings`` (under the release's names) break:
     SGLang's own message, where it is, and the fix; each prefixed with ``where``. A release

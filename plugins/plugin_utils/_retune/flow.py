@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.clients import ClientsUnknown, RetuneClients
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import (
     Decision,
@@ -21,8 +22,12 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide im
     unhealthy_words,
     unless_evidence_broken,
 )
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.fit import (
+    journal_request,
+    predictions,
+    refuse_unfit,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.predict import predict_after
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import (
     FAILED,
     RELAUNCHED,
@@ -30,8 +35,6 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record im
     STARTED,
     UNCHANGED,
     UNHEALTHY,
-    WOULD_RELAUNCH,
-    WOULD_START,
     blocked_msg,
     clients_in_the_way,
     host_report,
@@ -148,9 +151,11 @@ class Retune:
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            # In check mode the inspect phase also reads each running instance's startup journal
-            # lines (op_observe's reader): the model facts of the predicted capacity.
-            inspected = self._phase("inspect", self.order, {"startup_journal": True} if self.check_mode else None)
+            # The inspect phase also reads the startup journal lines (op_observe's reader) of each
+            # running instance (check mode) or of those whose settings change (a real run): the model
+            # facts of the predicted capacity, and of the fit pre-flight (_retune.fit).
+            journal = {"startup_journal": journal_request(self.check_mode), "journal_pattern": JOURNAL_PATTERN}
+            inspected = self._phase("inspect", self.order, journal)
         except PhaseError as exc:
             return self._final(t0, failed_msg=f"{exc}; nothing was changed")
         facts = inspected["instances"]
@@ -169,13 +174,16 @@ class Retune:
             elif d.action == UNCHANGED and self.opts.force:
                 d.action, d.reasons = "relaunch", ["forced", *d.reasons]
                 decisions[n] = unless_evidence_broken(d, facts.get(n, {}))
+        # Fit pre-flight: new settings SGLang would refuse at start block the host before any stop.
+        predicted = predictions(self.instances, inspected, decisions, self.check_mode)
+        refuse_unfit(self.instances, facts, decisions, predicted, self.opts.ignore_fit_prediction)
         for name in self.order:
             self.results[name] = initial_result(
                 name, self.instances[name], facts.get(name, {}), decisions[name], self.check_mode
             )
+            self.results[name].update(predicted.get(name) or {})
         blocked = [n for n in self.order if decisions[n].action == "blocked"]
         if self.check_mode:
-            self._predict(facts, inspected.get("gpus") or {})
             return self._final(t0, failed_msg=blocked_msg(self.results, blocked) if blocked else None)
         if blocked:
             # Bad evidence or something foreign in the way: touch nothing on this host. (A wedged
@@ -239,15 +247,6 @@ class Retune:
                     if self.results[n]["action"] not in (RELAUNCHED, STARTED)
                 )
         return None
-
-    def _predict(self, facts: Mapping[str, Any], gpus: Mapping[str, Any]) -> None:
-        """Check mode: the effective max running requests each instance that would be relaunched
-        or started is predicted to get (``_retune.predict``), or why not in one word."""
-        for name in self.order:
-            result = self.results[name]
-            if result["action"] not in (WOULD_RELAUNCH, WOULD_START):
-                continue
-            result.update(predict_after(self.instances[name], facts.get(name) or {}, gpus))
 
     def _run_wave(self, wave: list[str], decisions: Mapping[str, Decision]) -> bool:
         """Drain the wave's endpoints in the clients, stop → release → start (rollback), then

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS, ROLE_VARS
+
 # Where an option goes:
 ACTION = "action"  # read by the action plugin itself (which instances, how to reach the host)
 RETUNE = "retune"  # a field of Options, read by the controller-side flow (_retune.Retune)
@@ -50,8 +52,17 @@ class Option:
         return out
 
 
+CASTS = {"int": int, "float": float}
+
+
 def _opt(name: str, type_: str, scope: str, description: str, **kw: Any) -> Option:
     var = None if kw.pop("no_var", False) else f"sglang_retune_{name}"
+    if kw.get("server_var"):
+        # The server role's default, read from the role (the unit and the start guard use it).
+        kw["default"] = CASTS.get(type_, str)(ROLE_DEFAULTS[kw["server_var"]])
+    if kw.get("server_path"):
+        # A path the server role writes on the host (its vars/main.yml).
+        kw["default"] = ROLE_VARS[kw.pop("server_path")]
     return Option(name=name, type=type_, scope=scope, description=description, var=var, **kw)
 
 
@@ -88,7 +99,6 @@ OPTIONS: tuple[Option, ...] = (
         RETUNE,
         "Seconds for the unit to stop (SGLang drains in-flight requests) before its cgroup is "
         "SIGKILLed. Defaults to the server role's sglang_server_stop_timeout (the unit's TimeoutStopSec).",
-        default=300.0,
         server_var="sglang_server_stop_timeout",
     ),
     _opt("kill_timeout", "float", RETUNE, "Seconds to wait after each signal of an escalation.", default=10.0),
@@ -109,7 +119,6 @@ OPTIONS: tuple[Option, ...] = (
         RETUNE,
         "memory.used (MiB) at or below which a GPU counts as released. Defaults to the server "
         "role's sglang_server_release_threshold_mib (the start guard's threshold).",
-        default=1024,
         server_var="sglang_server_release_threshold_mib",
     ),
     _opt(
@@ -123,7 +132,6 @@ OPTIONS: tuple[Option, ...] = (
         "role's sglang_server_start_timeout: the unit's TimeoutStartSec less the start guard's "
         "deadline, since a retune starts an instance only once its GPUs and port are proven free "
         "and the guard passes at once.",
-        default=3600.0,
         server_var="sglang_server_start_timeout",
     ),
     _opt(
@@ -160,6 +168,18 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     _opt(
+        # The prediction is SGLang's own arithmetic over the instance's own startup lines; an
+        # operator who knows better (a GPU shared differently after the relaunch) may still ask.
+        "ignore_fit_prediction",
+        "bool",
+        RETUNE,
+        "Relaunch an instance even when the fit pre-flight predicts that SGLang would refuse its new settings at "
+        "start (from its startup journal and SGLang's memory arithmetic); without it such an instance fails before "
+        "anything is stopped and nothing on its host is touched. A prediction missing for lack of evidence never "
+        "refuses.",
+        default=False,
+    ),
+    _opt(
         "nvidia_smi",
         "str",
         AGENT,
@@ -180,7 +200,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         AGENT,
         "Root-only environment file holding SGLANG_API_KEY (read on the host, never sent back).",
-        default="/etc/sglang-fleet/secrets.env",
+        server_path="_sglang_server_secrets_file",
         no_var=True,
     ),
     _opt(
@@ -188,7 +208,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         AGENT,
         "Where the last good settings are kept on the host.",
-        default="/var/lib/sglang-fleet",
+        server_path="_sglang_server_state_dir",
         no_var=True,
     ),
     _opt(
@@ -196,7 +216,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         AGENT,
         "Where the server role records each instance's desired settings on the host.",
-        default="/etc/sglang-fleet/instances",
+        server_path="_sglang_server_desired_dir",
         no_var=True,
     ),
     _opt(
@@ -235,7 +255,6 @@ OPTIONS: tuple[Option, ...] = (
         "str",
         ACTION,
         "The pct command on a Proxmox node. Set by the server role's sglang_server_pct (one command per node).",
-        default="pct",
         no_var=True,
         server_var="sglang_server_pct",
     ),
@@ -302,6 +321,12 @@ def default(name: str) -> Any:
     return BY_NAME[name].default
 
 
+def agent_options(args: dict[str, Any]) -> dict[str, Any]:
+    """What every request to the host agent carries (tool paths, timeouts, state directories,
+    poll interval): the table's defaults, overridden by the caller's arguments of the same name."""
+    return {o.name: args.get(o.name, o.default) for o in OPTIONS if o.scope == AGENT}
+
+
 @dataclass
 class Options:
     """What the controller-side flow of a retune reads; agent options go to the host as they are."""
@@ -319,6 +344,7 @@ class Options:
     rollback: bool = default("rollback")
     force: bool = default("force")
     relaunch_wedged: bool = default("relaunch_wedged")
+    ignore_fit_prediction: bool = default("ignore_fit_prediction")
     client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
     client_drain: bool = default("client_drain")
     client_drain_timeout: float = default("client_drain_timeout")

@@ -1,9 +1,10 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
-"""The effective max running requests an instance would get after a retune, predicted in check
-mode from the running instance's memory facts (its startup journal lines and ``/server_info``, read
-by the inspect phase the way the advisor's observe phase reads them) and SGLang's memory math
-(:mod:`._capacity`). Pure functions, no I/O.
+"""The effective max running requests an instance would get after a retune, predicted (in check
+mode, and by the fit pre-flight of a real run, :mod:`._retune.fit`) from the running instance's
+memory facts (its startup journal lines and ``/server_info``, read by the inspect phase the way the
+advisor's observe phase reads them) and SGLang's memory math (:mod:`._capacity`). Pure functions,
+no I/O.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def documented_options(name: str) -> dict[str, Any]:
 
 
 def test_every_action_plugin_is_documented_and_has_a_spec() -> None:
-    assert ACTIONS == ["advise", "host_lock", "retune", "server_validate"]
+    assert ACTIONS == ["advise", "advise_report", "host_lock", "retune", "server_validate"]
     for name in ACTIONS:
         assert (PLUGINS / "modules" / f"{name}.py").is_file(), name
         assert isinstance(importlib.import_module(f"{PACKAGE}.action.{name}").ARGUMENT_SPEC, dict), name

@@ -18,11 +18,13 @@ from simulated_instance import B200, MTP_AND_80_SLOTS, SIM_B200_JOURNAL
 
 from ansible_collections.sglang_ops.fleet.plugins.action import advise as advise_action
 from ansible_collections.sglang_ops.fleet.plugins.action.advise import ARGUMENT_SPEC, ActionModule
+from ansible_collections.sglang_ops.fleet.plugins.action.advise_report import ActionModule as ReportAction
 from ansible_collections.sglang_ops.fleet.plugins.modules import advise as advise_doc
+from ansible_collections.sglang_ops.fleet.plugins.modules import advise_report as report_doc
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolve import resolve_instances
 
-# inventories/demo/first_tuning.yml: the 7 x B200 run before its retune.
+# inventories/demo/group_vars/sglang_servers.yml: the 7 x B200 run before its retune.
 HOST_ARGS = {**MTP_AND_80_SLOTS, "reasoning_parser": "qwen3"}
 HOSTVARS = {
     "sglang_server_version": "0.5.23",
@@ -89,17 +91,17 @@ def resolved() -> list[dict[str, Any]]:
     return resolve_instances("b200-node", HOSTVARS)
 
 
-def make_action(args: dict[str, Any]) -> ActionModule:
+def make_action(args: dict[str, Any], action: type[ActionModule] = ActionModule) -> ActionModule:
     task = MagicMock()
     task.args = args
     task.check_mode = False
     task.diff = False
     task.async_val = 0
-    task.action = "sglang_ops.fleet.advise"
+    task.action = "sglang_ops.fleet.advise" if action is ActionModule else "sglang_ops.fleet.advise_report"
     connection = MagicMock()
     connection._shell.tmpdir = None
     loader = DataLoader()
-    return ActionModule(task, connection, PlayContext(), loader, Templar(loader=loader), None)
+    return action(task, connection, PlayContext(), loader, Templar(loader=loader), None)
 
 
 def task_vars(**more: Any) -> dict[str, Any]:
@@ -133,12 +135,18 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
         "nvidia_smi_timeout": 20.0,
         "http_timeout": 30.0,
         "client_units": ["sglang-fleet-generate.service"],
+        # The agent keeps no fallbacks: the rest of the agent's options, from the retune's table.
+        "devices_dir": "/dev",
+        "poll_interval": 0.5,
+        "stall_probe_s": 5.0,
+        "secrets_file": "/etc/sglang-fleet/secrets.env",
+        "state_dir": "/var/lib/sglang-fleet",
+        "desired_dir": "/etc/sglang-fleet/instances",
     }
     assert result["changed"] is False and "failed" not in result
     assert result["inventory"] == {
         "sglang_server_args": {"enable_metrics": True},
         "sglang_server_host_args": HOST_ARGS,
-        "instance_args": {},
         # The default layout written out as entries (advise --trial's canary override).
         "instances": [{"name": "gpu0", "gpus": [0], "port": 30000}],
     }
@@ -230,7 +238,8 @@ def test_the_fleet_report_writes_the_patch_on_the_controller(tmp_path: Path) -> 
     host_result = per_host.run(task_vars=task_vars())
     out = tmp_path / "advice" / "sglang-fleet-advice.yml"
     action = make_action(
-        {"results": {"b200-node": host_result, "pve-rtx": {"host_problem": "no result"}}, "output": str(out)}
+        {"results": {"b200-node": host_result, "pve-rtx": {"host_problem": "no result"}}, "output": str(out)},
+        ReportAction,
     )
     action._execute_module = MagicMock(side_effect=AssertionError("the report runs nothing on a host"))  # type: ignore[method-assign]
     result = action.run(task_vars=task_vars())
@@ -251,8 +260,7 @@ def test_the_fleet_report_writes_the_patch_on_the_controller(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        ({}, "give instances (the observe phase of a host) or results (the fleet report)"),
-        ({"instances": [], "results": {}}, "give either instances or results, not both"),
+        ({}, "instances is required: the resolved instances of sglang_ops.fleet.server_validate"),
         ({"instances": [], "window": 0}, "window must be > 0"),
         ({"instances": [], "window": 5, "interval": 10}, "interval must not exceed window"),
         ({"instances": [], "policy": {"nope": 1}}, "policy: unknown key(s) ['nope']"),
@@ -277,4 +285,6 @@ def test_the_documentation_stub_has_the_actions_options() -> None:
         assert options[name].get("default") == spec.get("default"), name
         assert options[name].get("elements") == spec.get("elements"), name
     returned = yaml.safe_load(advise_doc.RETURN)
-    assert {"instances", "inventory", "host_problem", "report", "text", "report_lines", "patch_path"} <= set(returned)
+    assert {"instances", "inventory", "host_problem"} <= set(returned)
+    reported = yaml.safe_load(report_doc.RETURN)
+    assert {"report", "text", "report_lines", "patch_path", "patch_yaml", "advice_produced"} <= set(reported)

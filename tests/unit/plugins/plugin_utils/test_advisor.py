@@ -195,7 +195,7 @@ def test_the_b200_report_and_patch_for_the_fleet() -> None:
         advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, name=f"gpu{i}")).to_dict()
         for i in range(7)
     ]
-    inventory = {"b200-node": {"sglang_server_host_args": dict(FIRST_TUNING), "instance_args": {}}}
+    inventory = {"b200-node": {"sglang_server_host_args": dict(FIRST_TUNING)}}
     report = advice_report.fleet_report(advices, inventory, {"window_s": 300, "interval_s": 5})
     assert report["diagnoses"] == {"mamba-bound": 7}
     (group,) = report["groups"]
@@ -369,7 +369,6 @@ def _two_instances(gpu1_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     b["name"] = "gpu1"
     layers = {
         "sglang_server_host_args": dict(FIRST_TUNING),
-        "instance_args": {"gpu1": dict(gpu1_args)} if gpu1_args else {},
         "instances": [
             {"name": "gpu0", "gpus": [0], "port": 30000},
             {"name": "gpu1", "gpus": [1], "port": 30001, **({"args": dict(gpu1_args)} if gpu1_args else {})},
@@ -483,7 +482,7 @@ def test_clients_that_follow_the_servers_max_are_counted_at_the_new_max() -> Non
     data = advisor.advise_instance(follows).to_dict()
     text = advice_report.report_text(advice_report.fleet_report([data]))
     expected, most = data["proposal"]["throughput_factor_expected"], data["proposal"]["throughput_factor"]
-    assert f"  throughput x{expected:.2f} expected, x{most:.2f} at most (1200 -> ~" in text
+    assert f"  throughput x{expected:.2f} expected (the documented exponent), x{most:.2f} at most (1200 -> ~" in text
     # A fixed concurrency of 20 stays 20 after the relaunch: the prediction counts 20 running.
     fixed = dataclasses.replace(ev, observation={**ev.observation, "clients": [{**client, "follows_server": False}]})
     prop = advisor.advise_instance(fixed).proposal

@@ -4,16 +4,27 @@ model's own lines must not be read as the target's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity import model_facts
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.inputs import GIB, Settings
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import derive_model_facts
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import (
+    DraftLines,
+    derive_model_facts,
+    parse_startup_lines,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.plan import plan_capacity
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import (
+    nearest_release_facts,
+    release_facts,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 JOURNALS = REPO_ROOT / "tests" / "unit" / "fixtures" / "journals"
@@ -121,3 +132,63 @@ def test_the_b200_runs_retune_from_the_golden_journals_facts() -> None:
     )
     assert plan.fits, plan.errors
     assert (plan.mamba_k, plan.effective_max_running_requests, plan.binding) == (200, 40, "mamba")
+
+
+# -- which lines are the draft's: the release's facts (draft_log_lines, draft_before_target_pools) ---
+
+
+def test_the_draft_lines_are_the_releases_facts() -> None:
+    for release in ("0.5.9", "0.5.14", "0.5.23"):
+        facts = release_facts(release)
+        assert facts is not None
+        assert DraftLines.of(release) == DraftLines(frozenset(facts.draft_log_lines), facts.draft_before_target_pools)
+    # A release between two that were read has the facts of the older one; one not read, none.
+    assert DraftLines.of("0.5.15") == DraftLines.of("0.5.14")
+    assert DraftLines.of("0.4.0") == DraftLines()
+
+
+def test_the_parser_reads_which_lines_the_draft_writes_from_the_fact() -> None:
+    """The same 0.5.23 MTP journal read with other facts: the draft's lines are what the fact says,
+    not what the parser guesses."""
+    journal_lines = lines("0.5.23-qwen3.6-27b-mtp.yml")
+    real = parse_startup_lines(journal_lines, DraftLines.of("0.5.23"))
+    assert (len(real.weights_before_pools), len(real.kv_sized_together)) == (2, 2)
+    assert (real.later_runner_lines, real.unexplained_lines) == (0, 0)
+    no_kv = DraftLines(frozenset({"load_weight_begin", "load_weight_end"}), before_target_pools=True)
+    read = parse_startup_lines(journal_lines, no_kv)
+    assert (len(read.weights_before_pools), len(read.kv_sized_together), read.unexplained_lines) == (2, 1, 1)
+    after = parse_startup_lines(journal_lines, dataclasses.replace(DraftLines.of("0.5.23"), before_target_pools=False))
+    assert (len(after.weights_before_pools), len(after.kv_sized_together), after.later_runner_lines) == (1, 1, 3)
+    assert after.load_weight_begin_gib == real.load_weight_begin_gib
+
+
+def _with_facts(monkeypatch: pytest.MonkeyPatch, change: Callable[[Any], Any]) -> None:
+    def nearest(release: str) -> Any:
+        facts = nearest_release_facts(release)
+        return None if facts is None else change(facts)
+
+    # Not raising: a parser that does not read the fact fails the assertions, not the set-up.
+    monkeypatch.setattr(model_facts, "nearest_release_facts", nearest, raising=False)
+
+
+def test_a_release_whose_draft_writes_no_kv_line_gets_the_targets_cell_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """derive_model_facts follows the vendored fact: were 0.5.23's draft not to write its KV line,
+    the second KV line would be no part of the cell."""
+    golden = journal("0.5.23-qwen3.6-27b-mtp.yml")
+    _with_facts(
+        monkeypatch,
+        lambda f: dataclasses.replace(f, draft_log_lines=tuple(k for k in f.draft_log_lines if k != "kv_cache")),
+    )
+    derived = derive_model_facts("0.5.23", lines("0.5.23-qwen3.6-27b-mtp.yml"), None, golden["gpu_total_mib"])
+    assert derived.facts is not None
+    assert derived.facts.kv_bytes_per_token == pytest.approx((28.72 + 28.72) * GIB / 941074)
+    assert derived.facts.weights_gib == pytest.approx(51.80 + 0.85)
+
+
+def test_a_release_whose_draft_loads_after_the_pools_leaves_its_lines_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    golden = journal("0.5.23-qwen3.6-27b-mtp.yml")
+    _with_facts(monkeypatch, lambda f: dataclasses.replace(f, draft_before_target_pools=False))
+    derived = derive_model_facts("0.5.23", lines("0.5.23-qwen3.6-27b-mtp.yml"), None, golden["gpu_total_mib"])
+    assert derived.facts is not None
+    assert derived.facts.weights_gib == pytest.approx(51.80)
+    assert derived.facts.kv_bytes_per_token == pytest.approx((28.72 + 28.72) * GIB / 941074)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from simulated_instance import B200, FIRST_TUNING, SIM_B200_SERVER_INFO, simulate
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import decide
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Retune, plan_waves
@@ -962,3 +963,93 @@ def test_a_client_not_started_again_fails_the_host() -> None:
     assert out["msg"] == (
         f"generation client(s) NOT started again after the retune: {GEN} (failed/exit-code after systemctl start)"
     )
+
+
+# -- the fit pre-flight: settings SGLang would refuse at start are refused before any stop --------
+
+# The demo's case: its tuning with no_buffer, 200 Mamba slots and a ratio of 0.6, on a B200 running
+# the first tuning (what the simulator prints and serves for it, tests/unit/plugins/support).
+UNFIT_ARGS = {
+    **FIRST_TUNING,
+    "mamba_radix_cache_strategy": "no_buffer",
+    "max_mamba_cache_size": 200,
+    "mamba_full_memory_ratio": 0.6,
+    "disable_overlap_schedule": True,
+}
+FIT_ARGS = {**FIRST_TUNING, "max_mamba_cache_size": 120}
+
+
+def simulated_host(args: dict[str, dict[str, Any]], **more: dict[str, Any]) -> tuple[list[dict[str, Any]], Host]:
+    """Instances on 0.5.23 running the first tuning (journal and /server_info as the simulator
+    writes them), to be retuned to ``args`` (per name); ``more``: facts to change, per name."""
+    journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
+    insts, seen = [], {}
+    for i, (name, new) in enumerate(args.items()):
+        insts.append({**instance(name, 30000 + i), "version": "0.5.23", "args": new, "gpus": [0]})
+        seen[name] = facts(name, **{"journal": journal, "server_info": info, **more.get(name, {})})
+    gpus = {"0": {"total_mib": B200, "used_mib": 158989}}
+    # As the retune_phase module returns it: each agent's GPUs under its container's key.
+    host = Host(
+        seen,
+        inspect=lambda names, _i, _o: {
+            "instances": {n: seen[n] for n in names},
+            "containers": {"host": {"gpus": gpus}},
+        },
+    )
+    return insts, host
+
+
+def test_settings_sglang_would_refuse_at_start_leave_the_host_untouched() -> None:
+    insts, host = simulated_host({"gpu0": UNFIT_ARGS, "gpu1": FIT_ARGS})
+    out = run(host, insts, client_units=["sglang-fleet-generate.service"])
+    # Nothing but the inspect phase: no client drained or stopped, no instance stopped.
+    assert host.ops() == [("inspect", ["gpu0", "gpu1"])]
+    assert host.options[0][1]["startup_journal"] == "changed"
+    assert out["failed"] is True and out["changed"] is False
+    gpu0, gpu1 = out["instances"]
+    assert (gpu0["action"], gpu0["state"], gpu0["prediction_missing"]) == ("failed", "running", "unfit")
+    assert "Loaded weights leave no GPU memory for the KV cache" in gpu0["reasons"][0]
+    assert "above 0.297" in gpu0["reasons"][0] and "max_mamba_cache_size=200" in gpu0["reasons"][0]
+    assert "sglang_retune_ignore_fit_prediction=true" in gpu0["reasons"][0]
+    assert gpu1["action"] == "skipped" and gpu1["predicted_effective_max_running_requests"] > 0
+    assert out["msg"].startswith("failed closed, nothing changed on this host: gpu0: the new settings would not")
+
+
+def test_check_mode_says_the_same_refusal_as_the_run() -> None:
+    insts, host = simulated_host({"gpu0": UNFIT_ARGS})
+    out = run(host, insts, check=True)
+    assert host.ops() == [("inspect", ["gpu0"])] and host.options[0][1]["startup_journal"] == "all"
+    assert out["failed"] is True and out["instances"][0]["action"] == "failed"
+    assert "Loaded weights leave no GPU memory" in out["msg"]
+
+
+def test_ignore_fit_prediction_relaunches_anyway() -> None:
+    insts, host = simulated_host({"gpu0": UNFIT_ARGS})
+    out = run(host, insts, ignore_fit_prediction=True)
+    assert [op for op, _n in host.ops()] == ["inspect", "stop", "release", "start"]
+    assert out["instances"][0]["action"] == "relaunched"
+    assert out["instances"][0]["prediction_missing"] == "unfit"
+
+
+@pytest.mark.parametrize(
+    ("missing", "word"),
+    [
+        ({"journal": [], "journal_error": "journalctl: rc=1"}, "journal"),  # no evidence: not a refusal
+        ({"server_info": {**SIM_B200_SERVER_INFO, "version": "0.5.14"}}, "unfit"),  # read with another release's facts
+    ],
+)
+def test_an_uncertain_prediction_never_refuses(missing: dict[str, Any], word: str) -> None:
+    insts, host = simulated_host({"gpu0": UNFIT_ARGS}, gpu0=missing)
+    out = run(host, insts)
+    assert [op for op, _n in host.ops()] == ["inspect", "stop", "release", "start"]
+    assert out["instances"][0]["action"] == "relaunched"
+    assert out["instances"][0]["prediction_missing"] == word
+
+
+def test_a_forced_relaunch_of_unchanged_settings_reads_and_predicts_nothing() -> None:
+    _journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
+    inst = {**instance("gpu0", 30000), "version": "0.5.23", "args": UNFIT_ARGS}
+    seen = facts("gpu0", argv=ARGV_NEW, mamba=200, server_info={**info, "max_mamba_cache_size": 200})
+    out = run(Host({"gpu0": seen}), [inst], force=True)
+    assert out["instances"][0]["action"] == "relaunched"
+    assert "prediction_missing" not in out["instances"][0]

@@ -13,7 +13,6 @@ import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.sglang_ops.fleet.plugins.action import retune as retune_action
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.defaults import DEFAULTS, OPTION_NAMES
 from ansible_collections.sglang_ops.fleet.plugins.modules import retune as retune_doc
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune import flow as _retune
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import (
@@ -23,6 +22,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options i
     RETUNE,
     ROLE,
     Options,
+    agent_options,
 )
 
 REPO = Path(__file__).resolve().parents[4]
@@ -124,8 +124,11 @@ def test_an_option_that_follows_a_server_variable_has_its_default_and_says_so(op
     assert option.server_var in option.description
 
 
-def test_the_host_agents_fallbacks_are_the_tables_defaults() -> None:
-    """A request key the controller leaves out falls back on the host to the same value the table
-    gives (before, the agent assumed 120 s to stop, 1800 s to start and 0.25 s polls)."""
-    for key, value in DEFAULTS.items():
-        assert BY_NAME[OPTION_NAMES.get(key, key)].default == value, key
+def test_every_request_to_the_agent_carries_the_tables_agent_options() -> None:
+    """The agent keeps no fallbacks: the retune and the advisor send every agent option, the
+    table's default unless the caller gave its own."""
+    sent = agent_options({"nvidia_smi": "/opt/bin/nvidia-smi", "window": 60})
+    assert sorted(sent) == sorted(o.name for o in OPTIONS if o.scope == AGENT)
+    assert sent["nvidia_smi"] == "/opt/bin/nvidia-smi"
+    assert sent["poll_interval"] == BY_NAME["poll_interval"].default
+    assert sent["secrets_file"] == _server_role("vars/main.yml")["_sglang_server_secrets_file"]

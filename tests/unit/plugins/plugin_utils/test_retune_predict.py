@@ -11,6 +11,7 @@ from typing import Any
 
 from simulated_instance import B200, FIRST_TUNING, simulate
 
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Options, Retune
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.predict import predict_after
 
@@ -72,7 +73,9 @@ class Host:
     def __call__(self, op: str, instances: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
         self.options.append((op, dict(options)))
         assert op == "inspect", op
-        return {"instances": {"gpu0": self.facts}, "gpus": {"0": {"total_mib": B200, "used_mib": 158989}}}
+        # As the retune_phase module returns it: the agent's GPUs under its container's key.
+        gpus = {"0": {"total_mib": B200, "used_mib": 158989}}
+        return {"instances": {"gpu0": self.facts}, "containers": {"host": {"gpus": gpus}}}
 
 
 def check(facts: dict[str, Any], args: dict[str, Any], check_mode: bool = True) -> tuple[dict[str, Any], Host]:
@@ -86,7 +89,8 @@ def test_check_mode_predicts_the_b200_retune_as_the_simulator_would_start_it() -
     assert before.max_running == 16
     _j, _i, after, _u = simulate({k: v for k, v in NEW.items() if k != "mem_fraction_static"}, 0.93)
     result, host = check(running_facts(journal, info), NEW)
-    assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] is True
+    assert host.options[0][0] == "inspect" and host.options[0][1]["startup_journal"] == "all"
+    assert host.options[0][1]["journal_pattern"] == JOURNAL_PATTERN  # the parser's lines, named once
     assert result["action"] == "would_relaunch"
     assert result["effective_max_running_requests_before"] == 16
     assert result["predicted_effective_max_running_requests"] == after.max_running == 52
@@ -137,11 +141,3 @@ def test_settings_that_would_not_start_say_unfit() -> None:
     )
     assert result["prediction_missing"] == "unfit"
     assert result["prediction"]["why"].startswith("would not fit")
-
-
-def test_a_real_run_reads_no_journal_in_its_inspect_phase() -> None:
-    journal, info, _plan, _used = simulate(FIRST_TUNING, 0.854)
-    facts = running_facts(journal, info)
-    host = Host(facts)
-    Retune([instance(NEW)], Options(client_units=[], canary=False), host, check_mode=False)._phase("inspect", ["gpu0"])
-    assert "startup_journal" not in host.options[0][1]

@@ -12,7 +12,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.resolv
     HOST_VARIABLES,
     resolve_instances,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS, ROLE_VARS
 
 ROLE = Path(__file__).resolve().parents[4] / "roles" / "server"
 
@@ -22,10 +22,17 @@ def role_file(name: str) -> dict[str, Any]:
     return loaded
 
 
-def test_the_table_is_the_role_defaults_of_every_variable_read() -> None:
+def test_the_table_is_read_from_the_role_with_every_variable_the_resolution_reads() -> None:
     defaults = role_file("defaults/main.yml")
-    non_empty = {name: defaults[name] for name in HOST_VARIABLES if defaults.get(name) not in (None, "", [], {})}
+    non_empty = {name: value for name, value in defaults.items() if value not in (None, "", [], {})}
     assert dict(ROLE_DEFAULTS) == non_empty
+    assert {name for name in HOST_VARIABLES if name in non_empty} <= set(ROLE_DEFAULTS)
+    assert ROLE_DEFAULTS["sglang_server_release_threshold_mib"] == defaults["sglang_server_release_threshold_mib"]
+
+
+def test_the_role_paths_are_the_plain_values_of_its_vars() -> None:
+    assert ROLE_VARS["_sglang_server_secrets_file"] == role_file("vars/main.yml")["_sglang_server_secrets_file"]
+    assert all("{{" not in str(value) for value in ROLE_VARS.values())
 
 
 def test_the_role_defaults_given_explicitly_change_nothing() -> None:

@@ -15,7 +15,7 @@ from gpusim.versions import Version
 # nvidia-smi's memory.total (MiB).
 H200, B200, RTX_PRO_6000 = 143771, 183359, 97887
 
-# The 7 x B200 run's first tuning (inventories/demo/first_tuning.yml; the seeds' write-up of the
+# The 7 x B200 run's first tuning (inventories/demo/group_vars/sglang_servers.yml; the seeds' write-up of the
 # real run): MTP (EAGLE, 4 draft tokens) and 80 Mamba slots at mamba_full_memory_ratio 0.4...
 MTP_AND_80_SLOTS: dict[str, Any] = {
     "speculative_algorithm": "EAGLE",

@@ -146,8 +146,25 @@ def cuda_oom(tried_gib: float, inp: MemoryInputs, free_gib: float, in_use_gib: f
 
 
 def plan(inp: MemoryInputs) -> MemoryPlan:
-    """Raises StartupError for the failures the real scheduler would hit."""
-    v = inp.version
+    """The scheduler's start, in SGLang's order: load the model, size the Mamba cache
+    (``handle_max_mamba_cache``), then the KV pool from what is left (``profile_max_num_token``,
+    ``init_memory_pool``), then max running requests. Raises StartupError for the failures the
+    real scheduler would hit."""
+    p = _load_model(inp)
+    rest = p.avail_after_weights_gib - p.total_gib * (1 - inp.mem_fraction_static)
+    if inp.profile.is_hybrid:
+        rest = _handle_max_mamba_cache(inp, p, rest)
+    if rest <= 0:
+        raise _no_memory_for_kv(inp, p)
+    _init_kv_pool(inp, p, rest)
+    p.max_running = _max_running_requests(inp, p)
+    if inp.cuda_graph_enabled:
+        p.graph_mib = inp.profile.cuda_graph_mib
+    return p
+
+
+def _load_model(inp: MemoryInputs) -> MemoryPlan:
+    """The CUDA context, then the weights; torch's out-of-memory error where they do not fit."""
     prof = inp.profile
     total = inp.total_mib / 1024.0
     ctx = prof.context_mib / 1024.0
@@ -157,104 +174,126 @@ def plan(inp: MemoryInputs) -> MemoryPlan:
     w = weights_gib(inp)
     if w > avail0:
         raise cuda_oom(min(w, 2.0) if w - avail0 < 2.0 else w - avail0, inp, avail0, ctx + min(w, avail0))
-    avail = avail0 - w
-    p = MemoryPlan(
+    return MemoryPlan(
         total_gib=total,
         avail_start_gib=avail0,
         weights_gib=w,
-        avail_after_weights_gib=avail,
+        avail_after_weights_gib=avail0 - w,
         context_mib=prof.context_mib,
     )
-    slack = total * (1 - inp.mem_fraction_static)
-    rest = avail - slack
-    mrr = inp.max_running_requests
+
+
+def _handle_max_mamba_cache(inp: MemoryInputs, p: MemoryPlan, rest: float) -> float:
+    """The Mamba cache's slots (K) and speculative decoding's intermediate states, as each release
+    allocates them; what is left for the KV pool."""
+    conv_b, ssm_b = inp.profile.mamba_per_req_bytes(inp.mamba_ssm_dtype, inp.tp_size)
+    per_req = float(conv_b + ssm_b)
+    p.mamba_ratio = inp.mamba_ratio
+    allocate = {9: _mamba_cache_0_5_9, 14: _mamba_cache_0_5_14}.get(inp.version.mamba_family, _mamba_cache_0_5_18)
+    k, inter_reqs, pad, rest = allocate(inp, per_req, rest)
+    if k <= 0:
+        raise StartupError(
+            "RuntimeError",
+            "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+            f"Computed max_mamba_cache_size={k} (total_rest_memory={rest:.2f} GB, "
+            f"mamba_cache_per_req={per_req / (1 << 20):.2f} MB). "
+            "Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, "
+            "(3) reduce --speculative-num-draft-tokens, or (4) use GPUs with more memory.",
+        )
     d_tok = inp.draft_tokens if inp.spec else 0
+    slots = k + pad
+    p.mamba_k = k
+    p.conv_gib = slots * conv_b / GIB
+    p.ssm_gib = slots * ssm_b / GIB
+    p.inter_ssm_gib = inter_reqs * d_tok * ssm_b / GIB
+    p.inter_conv_gib = inter_reqs * d_tok * conv_b / GIB
+    return rest - slots * per_req / GIB
 
-    if prof.is_hybrid:
-        conv_b, ssm_b = prof.mamba_per_req_bytes(inp.mamba_ssm_dtype, inp.tp_size)
-        per_req = float(conv_b + ssm_b)
-        ratio = inp.mamba_ratio
-        p.mamba_ratio = ratio
-        r = inp.mamba_full_memory_ratio
-        inter_reqs = 0
-        fam = v.mamba_family
-        k: int
-        pad = 0
-        if fam == 9:
-            if inp.spec:
-                inter_reqs = mrr or 0
-                rest -= per_req * inter_reqs * d_tok / GIB
-            if inp.max_mamba_cache_size is not None:
-                k = inp.max_mamba_cache_size
-            elif inp.disable_radix_cache and mrr is not None:
-                k = mrr
-            else:
-                budget = rest * r / (1 + r)
-                k = int((budget * GIB) // per_req)
-        elif fam == 14:
-            if inp.max_mamba_cache_size is not None:
-                k = inp.max_mamba_cache_size
-                if inp.spec:
-                    inter_reqs = min(max(1, mrr or 1), k // ratio)
-            elif inp.disable_radix_cache and mrr is not None:
-                k = mrr
-                if inp.spec:
-                    inter_reqs = k
-            else:
-                budget = rest * r / (1 + r)
-                if inp.spec:
-                    k = int((budget * GIB) // (per_req * (1 + d_tok / ratio)))
-                    inter_reqs = min(max(1, mrr or 1), k // ratio)
-                else:
-                    k = int((budget * GIB) // per_req)
-            rest -= per_req * inter_reqs * d_tok / GIB
+
+# Each release's allocation: (K, requests with intermediate states, padding slots, rest after them).
+
+
+def _mamba_cache_0_5_9(inp: MemoryInputs, per_req: float, rest: float) -> tuple[int, int, int, float]:
+    """The intermediate states of max running requests come off first; K from the rest's share."""
+    mrr, d_tok, r = inp.max_running_requests, inp.draft_tokens if inp.spec else 0, inp.mamba_full_memory_ratio
+    inter_reqs = 0
+    if inp.spec:
+        inter_reqs = mrr or 0
+        rest -= per_req * inter_reqs * d_tok / GIB
+    if inp.max_mamba_cache_size is not None:
+        return inp.max_mamba_cache_size, inter_reqs, 0, rest
+    if inp.disable_radix_cache and mrr is not None:
+        return mrr, inter_reqs, 0, rest
+    return int((rest * r / (1 + r) * GIB) // per_req), inter_reqs, 0, rest
+
+
+def _mamba_cache_0_5_14(inp: MemoryInputs, per_req: float, rest: float) -> tuple[int, int, int, float]:
+    """K first (with speculative decoding, K and its share of intermediate states together), then
+    the intermediate states of min(max running requests, K / ratio) come off the rest."""
+    mrr, d_tok, r, ratio = (
+        inp.max_running_requests,
+        inp.draft_tokens if inp.spec else 0,
+        inp.mamba_full_memory_ratio,
+        inp.mamba_ratio,
+    )
+    if inp.max_mamba_cache_size is not None:
+        k = inp.max_mamba_cache_size
+        inter_reqs = min(max(1, mrr or 1), k // ratio) if inp.spec else 0
+    elif inp.disable_radix_cache and mrr is not None:
+        k = mrr
+        inter_reqs = k if inp.spec else 0
+    elif inp.spec:
+        k = int((rest * r / (1 + r) * GIB) // (per_req * (1 + d_tok / ratio)))
+        inter_reqs = min(max(1, mrr or 1), k // ratio)
+    else:
+        k, inter_reqs = int((rest * r / (1 + r) * GIB) // per_req), 0
+    return k, inter_reqs, 0, rest - per_req * inter_reqs * d_tok / GIB
+
+
+def _mamba_cache_0_5_18(inp: MemoryInputs, per_req: float, rest: float) -> tuple[int, int, int, float]:
+    """One padding slot; with speculative decoding K and the states solved jointly, one more state."""
+    mrr, d_tok, r, ratio = (
+        inp.max_running_requests,
+        inp.draft_tokens if inp.spec else 0,
+        inp.mamba_full_memory_ratio,
+        inp.mamba_ratio,
+    )
+    inter_reqs = 0
+    if inp.max_mamba_cache_size is not None:
+        k = inp.max_mamba_cache_size
+        if inp.spec:
+            inter_reqs = min(max(1, mrr or 1), k // ratio) + 1
+    elif inp.disable_radix_cache and mrr is not None:
+        k = max(1, mrr)
+        if inp.spec:
+            inter_reqs = k + 1
+    else:
+        budget_b = rest * r / (1 + r) * GIB
+        if inp.spec:
+            k = int((budget_b - per_req * (1 + d_tok)) // (per_req * (1 + d_tok / ratio)))
+            inter_reqs = min(max(1, mrr or 1), max(k, 0) // ratio) + 1
         else:
-            pad = 1
-            if inp.max_mamba_cache_size is not None:
-                k = inp.max_mamba_cache_size
-                if inp.spec:
-                    inter_reqs = min(max(1, mrr or 1), k // ratio) + 1
-            elif inp.disable_radix_cache and mrr is not None:
-                k = max(1, mrr)
-                if inp.spec:
-                    inter_reqs = k + 1
-            else:
-                budget_b = rest * r / (1 + r) * GIB
-                if inp.spec:
-                    k = int((budget_b - per_req * (1 + d_tok)) // (per_req * (1 + d_tok / ratio)))
-                    inter_reqs = min(max(1, mrr or 1), max(k, 0) // ratio) + 1
-                else:
-                    k = int((budget_b - per_req) // per_req)
-            rest -= per_req * inter_reqs * d_tok / GIB
-        if k <= 0:
-            raise StartupError(
-                "RuntimeError",
-                "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
-                f"Computed max_mamba_cache_size={k} (total_rest_memory={rest:.2f} GB, "
-                f"mamba_cache_per_req={per_req / (1 << 20):.2f} MB). "
-                "Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, "
-                "(3) reduce --speculative-num-draft-tokens, or (4) use GPUs with more memory.",
-            )
-        slots = k + pad
-        p.mamba_k = k
-        p.conv_gib = slots * conv_b / GIB
-        p.ssm_gib = slots * ssm_b / GIB
-        p.inter_ssm_gib = inter_reqs * d_tok * ssm_b / GIB
-        p.inter_conv_gib = inter_reqs * d_tok * conv_b / GIB
-        rest -= slots * per_req / GIB
+            k = int((budget_b - per_req) // per_req)
+    return k, inter_reqs, 1, rest - per_req * inter_reqs * d_tok / GIB
 
-    if rest <= 0:
-        if v.family >= 18:
-            minimum = 1 - (avail / total)
-            raise StartupError(
-                "ValueError",
-                "Loaded weights leave no GPU memory for the KV cache under "
-                f"--mem-fraction-static={inp.mem_fraction_static}. Raise --mem-fraction-static above "
-                f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
-                f"{minimum:.4f}). If using speculative decoding, draft weights are now counted.",
-            )
-        raise StartupError("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static.")
 
+def _no_memory_for_kv(inp: MemoryInputs, p: MemoryPlan) -> StartupError:
+    if inp.version.family >= 18:
+        minimum = 1 - (p.avail_after_weights_gib / p.total_gib)
+        return StartupError(
+            "ValueError",
+            "Loaded weights leave no GPU memory for the KV cache under "
+            f"--mem-fraction-static={inp.mem_fraction_static}. Raise --mem-fraction-static above "
+            f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
+            f"{minimum:.4f}). If using speculative decoding, draft weights are now counted.",
+        )
+    return StartupError("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static.")
+
+
+def _init_kv_pool(inp: MemoryInputs, p: MemoryPlan, rest: float) -> None:
+    """profile_max_num_token: #tokens from the rest and the bytes of one token's cell; then the
+    pool (and, on 0.5.9 with MTP, the draft's own pool of the same #tokens, loaded after)."""
+    prof = inp.profile
     kv_heads = max(1, prof.num_kv_heads // inp.tp_size)
     v_dim = prof.v_head_dim or prof.head_dim
     late_draft = draft_after_target_pools(inp)
@@ -283,45 +322,46 @@ def plan(inp: MemoryInputs) -> MemoryPlan:
         p.late_draft_k_gib = tokens * kv_heads * prof.head_dim * prof.draft_layers * prof.kv_dtype_bytes / GIB
         p.late_draft_v_gib = tokens * kv_heads * v_dim * prof.draft_layers * prof.kv_dtype_bytes / GIB
 
+
+def _max_running_requests(inp: MemoryInputs, p: MemoryPlan) -> int:
+    """The scheduler's max running requests per DP worker, with the warnings it logs."""
+    mrr, tokens = inp.max_running_requests, p.kv_tokens
+    hybrid = inp.profile.is_hybrid and p.mamba_k is not None
     estimated = max(min(int(tokens / inp.context_len * 512), 4096), 2048)
-    if v.family < 14:
+    if inp.version.family < 14:
         pool = mrr if mrr is not None else estimated
-        if prof.is_hybrid and p.mamba_k is not None:
-            pool = min(pool, p.mamba_k // p.mamba_ratio)
-        eff = min(mrr if mrr is not None else tokens // 2, pool)
-    else:
-        requested = max(1, mrr) if mrr is not None else None
-        eff = min(requested if requested is not None else estimated, tokens // 2)
-        capped_by_mamba = False
-        if prof.is_hybrid and p.mamba_k is not None:
-            cap = p.mamba_k // p.mamba_ratio
-            if cap < eff:
-                capped_by_mamba = True
-                if v.mamba_cap_warning:
-                    p.warnings.append(
-                        f"max_running_requests is capped to {cap} by the mamba state cache "
-                        f"(max_mamba_cache_size={p.mamba_k}, {p.mamba_ratio} state slots per request). "
-                        "To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, "
-                        "or halve the state size with --mamba-ssm-dtype bfloat16."
-                    )
-            eff = min(eff, cap)
-            if eff <= 0:
-                raise StartupError(
-                    "RuntimeError",
-                    "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-                    f"max_mamba_cache_size={p.mamba_k}, mamba_ratio={p.mamba_ratio}, resulting "
-                    f"max_num_reqs={eff}. Try: (1) reduce --max-running-requests, "
-                    "(2) increase --mem-fraction-static, or (3) use GPUs with more memory.",
+        if hybrid:
+            pool = min(pool, (p.mamba_k or 0) // p.mamba_ratio)
+        return min(mrr if mrr is not None else tokens // 2, pool)
+    requested = max(1, mrr) if mrr is not None else None
+    eff = min(requested if requested is not None else estimated, tokens // 2)
+    capped_by_mamba = False
+    if hybrid:
+        cap = (p.mamba_k or 0) // p.mamba_ratio
+        if cap < eff:
+            capped_by_mamba = True
+            if inp.version.mamba_cap_warning:
+                p.warnings.append(
+                    f"max_running_requests is capped to {cap} by the mamba state cache "
+                    f"(max_mamba_cache_size={p.mamba_k}, {p.mamba_ratio} state slots per request). "
+                    "To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, "
+                    "or halve the state size with --mamba-ssm-dtype bfloat16."
                 )
-        if requested is not None and eff < requested and (not capped_by_mamba or not v.mamba_cap_warning):
-            p.warnings.append(
-                f"max_running_requests was reduced from the requested {requested} to {eff} "
-                "(per dp worker) due to the available KV cache capacity."
+        eff = min(eff, cap)
+        if eff <= 0:
+            raise StartupError(
+                "RuntimeError",
+                "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+                f"max_mamba_cache_size={p.mamba_k}, mamba_ratio={p.mamba_ratio}, resulting "
+                f"max_num_reqs={eff}. Try: (1) reduce --max-running-requests, "
+                "(2) increase --mem-fraction-static, or (3) use GPUs with more memory.",
             )
-    p.max_running = eff
-    if inp.cuda_graph_enabled:
-        p.graph_mib = prof.cuda_graph_mib
-    return p
+    if requested is not None and eff < requested and (not capped_by_mamba or not inp.version.mamba_cap_warning):
+        p.warnings.append(
+            f"max_running_requests was reduced from the requested {requested} to {eff} "
+            "(per dp worker) due to the available KV cache capacity."
+        )
+    return eff
 
 
 def check_headroom(inp: MemoryInputs, p: MemoryPlan) -> StartupError | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -101,11 +100,3 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         if left:
             time.sleep(0.02)
     return left
-
-
-def reap_children_nohang() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while True:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                return

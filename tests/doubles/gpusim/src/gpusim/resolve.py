@@ -155,10 +155,40 @@ def _gpu_tier(gpu_mem: float, tp: int, version: Version) -> tuple[int, int]:
 
 
 def resolve(raw: dict[str, Any], version: Version, cfg: Config, profile: ModelProfile) -> Resolved:
+    """ServerArgs' defaults and adjustments, in the order its ``__post_init__`` applies them."""
     a = dict(raw)
     res = Resolved(args=a)
-    v9 = not version.at_least(14)
+    _basic_defaults(a)
+    alg = _speculative_algorithm(a, res, profile)
+    tp = int(a.get("tp_size") or 1)
+    pp = int(a.get("pp_size") or 1)
+    gpu_mem = device_memory_capacity(cfg, version, res)
+    res.gpu_capacity_mib = gpu_mem
+    chunk_default, bs_default = _gpu_tier(gpu_mem, tp, version)
+    if a.get("chunked_prefill_size") is None:
+        a["chunked_prefill_size"] = chunk_default
+    if version.at_least(14):
+        _cuda_graphs(a, res, version, bs_default)
+    else:
+        _cuda_graphs_0_5_9(a, res, bs_default)
+    if a.get("mem_fraction_static") is None:
+        a["mem_fraction_static"] = _mem_fraction_static(a, res, version, gpu_mem, tp * pp, alg)
+    if a.get("max_prefill_tokens") is None:
+        a["max_prefill_tokens"] = 16384
+    if alg is not None:
+        _speculative_decoding(a, res, version, profile, alg)
+    res.overlap = not a.get("disable_overlap_schedule")
+    # --- hybrid Mamba models ----------------------------------------------------------
+    if version.mamba_ratio_default_none and a.get("mamba_full_memory_ratio") is None:
+        a["mamba_full_memory_ratio"] = 0.9
+    res.mamba_full_memory_ratio = float(a.get("mamba_full_memory_ratio") or 0.9)
+    if profile.is_hybrid:
+        _resolve_mamba(a, res, version, profile)
+    res.context_len = int(a.get("context_length") or profile.context_length)
+    return res
 
+
+def _basic_defaults(a: dict[str, Any]) -> None:
     if a.get("served_model_name") is None:
         a["served_model_name"] = a["model_path"]
     if a.get("tokenizer_path") is None:
@@ -172,169 +202,162 @@ def resolve(raw: dict[str, Any], version: Version, cfg: Config, profile: ModelPr
     if a.get("dp_size") is None:
         a["dp_size"] = 1
 
+
+def _speculative_algorithm(a: dict[str, Any], res: Resolved, profile: ModelProfile) -> str | None:
+    """The algorithm's canonical name (NEXTN is EAGLE), or None without speculative decoding."""
     alg = a.get("speculative_algorithm")
     if alg is not None:
         if alg.upper() not in SPEC_KNOWN:
             raise ResolveError("ValueError", f"Unknown speculative algorithm name: {alg}")
         alg = alg.upper()
-        a["speculative_algorithm"] = alg
         if alg == "NEXTN":
             alg = "EAGLE"
-            a["speculative_algorithm"] = alg
+        a["speculative_algorithm"] = alg
     res.spec = alg is not None
     res.spec_mtp = alg in SPEC_MTP and profile.mtp_capable
+    return alg
 
-    tp = int(a.get("tp_size") or 1)
-    pp = int(a.get("pp_size") or 1)
-    gpu_mem = device_memory_capacity(cfg, version, res)
-    res.gpu_capacity_mib = gpu_mem
-    chunk_default, bs_default = _gpu_tier(gpu_mem, tp, version)
-    if a.get("chunked_prefill_size") is None:
-        a["chunked_prefill_size"] = chunk_default
 
-    if v9:
-        if a.get("cuda_graph_bs"):
-            a["cuda_graph_max_bs"] = max(a["cuda_graph_bs"])
-        if a.get("cuda_graph_max_bs") is None:
-            a["cuda_graph_max_bs"] = bs_default
-        if not a.get("cuda_graph_bs"):
-            a["cuda_graph_bs"] = decode_bs_list(a["cuda_graph_max_bs"], res.spec)
-        res.decode_max_bs = a["cuda_graph_max_bs"]
-        res.decode_graph = not a.get("disable_cuda_graph")
-        if a.get("piecewise_cuda_graph_max_tokens") is None:
-            a["piecewise_cuda_graph_max_tokens"] = a["chunked_prefill_size"]
-        if a.get("piecewise_cuda_graph_tokens") is None:
-            a["piecewise_cuda_graph_tokens"] = prefill_bs_list(a["piecewise_cuda_graph_max_tokens"])
-        res.prefill_graph = bool(a.get("enable_piecewise_cuda_graph")) and res.decode_graph
-        res.prefill_bs = list(a["piecewise_cuda_graph_tokens"])
+def _cuda_graphs_0_5_9(a: dict[str, Any], res: Resolved, bs_default: int) -> None:
+    """0.5.9-0.5.13: one decode graph list, piecewise prefill graphs only when enabled."""
+    if a.get("cuda_graph_bs"):
+        a["cuda_graph_max_bs"] = max(a["cuda_graph_bs"])
+    if a.get("cuda_graph_max_bs") is None:
+        a["cuda_graph_max_bs"] = bs_default
+    if not a.get("cuda_graph_bs"):
+        a["cuda_graph_bs"] = decode_bs_list(a["cuda_graph_max_bs"], res.spec)
+    res.decode_max_bs = a["cuda_graph_max_bs"]
+    res.decode_graph = not a.get("disable_cuda_graph")
+    if a.get("piecewise_cuda_graph_max_tokens") is None:
+        a["piecewise_cuda_graph_max_tokens"] = a["chunked_prefill_size"]
+    if a.get("piecewise_cuda_graph_tokens") is None:
+        a["piecewise_cuda_graph_tokens"] = prefill_bs_list(a["piecewise_cuda_graph_max_tokens"])
+    res.prefill_graph = bool(a.get("enable_piecewise_cuda_graph")) and res.decode_graph
+    res.prefill_bs = list(a["piecewise_cuda_graph_tokens"])
+
+
+def _cuda_graphs(a: dict[str, Any], res: Resolved, version: Version, bs_default: int) -> None:
+    """0.5.14 on: decode and prefill graphs each with its backend and batch sizes."""
+    all_off = bool(a.get("disable_cuda_graph"))
+    dec_backend = a.get("cuda_graph_backend_decode")
+    pre_backend = a.get("cuda_graph_backend_prefill")
+    res.decode_graph = not (all_off or dec_backend == "disabled" or a.get("disable_decode_cuda_graph"))
+    res.prefill_graph = not (all_off or pre_backend == "disabled" or a.get("disable_prefill_cuda_graph"))
+    max_bs_default = a.get("cuda_graph_max_bs_decode") is None
+    if a.get("cuda_graph_bs_decode"):
+        a["cuda_graph_max_bs_decode"] = max(a["cuda_graph_bs_decode"])
+        max_bs_default = False
+    if a.get("cuda_graph_max_bs_decode") is None:
+        a["cuda_graph_max_bs_decode"] = bs_default
+    mrr_flag = a.get("max_running_requests")
+    if (
+        version.decode_bs_capped_by_mrr
+        and max_bs_default
+        and mrr_flag is not None
+        and a["cuda_graph_max_bs_decode"] > mrr_flag
+    ):
+        a["cuda_graph_max_bs_decode"] = mrr_flag
+    if not a.get("cuda_graph_bs_decode"):
+        a["cuda_graph_bs_decode"] = decode_bs_list(a["cuda_graph_max_bs_decode"], res.spec)
+    if a.get("cuda_graph_max_bs_prefill") is None:
+        pmax = a["chunked_prefill_size"]
+        if a.get("max_total_tokens") is not None:
+            pmax = min(pmax, a["max_total_tokens"])
+        a["cuda_graph_max_bs_prefill"] = pmax
+    if not a.get("cuda_graph_bs_prefill"):
+        a["cuda_graph_bs_prefill"] = prefill_bs_list(a["cuda_graph_max_bs_prefill"])
+    if a.get("cuda_graph_backend_decode") is None:
+        a["cuda_graph_backend_decode"] = "disabled" if not res.decode_graph else "full"
+    if a.get("cuda_graph_backend_prefill") is None:
+        a["cuda_graph_backend_prefill"] = "disabled" if not res.prefill_graph else "breakable"
+    res.decode_max_bs = a["cuda_graph_max_bs_decode"]
+    res.prefill_bs = list(a["cuda_graph_bs_prefill"])
+
+
+def _mem_fraction_static(
+    a: dict[str, Any], res: Resolved, version: Version, gpu_mem: float, parallel: int, alg: str | None
+) -> float:
+    """SGLang's own choice: the GPU's memory less what it reserves (activations, graphs, drafts)."""
+    v9 = not version.at_least(14)
+    chunk = a["chunked_prefill_size"]
+    act = max(chunk, 2048) if chunk > 0 else max(a.get("max_prefill_tokens") or 16384, 2048)
+    reserved = 512 + act * 1.5 + parallel / 8 * 1024
+    if v9 or res.decode_graph:
+        reserved += res.decode_max_bs * 2
+    if res.prefill_graph:
+        reserved += len(res.prefill_bs) * 8
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if v9 and alg is not None:
+        if alg == "STANDALONE":
+            reserved += 6 * 1024
+        elif alg != "NGRAM":
+            reserved += 2 * 1024
+    return round((gpu_mem - reserved) / gpu_mem, 3)
+
+
+def _speculative_decoding(a: dict[str, Any], res: Resolved, version: Version, profile: ModelProfile, alg: str) -> None:
+    """The speculative settings SGLang resets or fills in, with its warnings."""
+    if a.get("max_running_requests") is None:
+        a["max_running_requests"] = 48
+        res.warn(
+            "Max running requests is reset to 48 for speculative decoding. You can override this by "
+            "explicitly setting --max-running-requests."
+        )
+    if alg in SPEC_EAGLE and not version.at_least(14):
+        _overlap_0_5_9(a, res)
+    if alg in SPEC_EAGLE:
+        _eagle_steps(a, res, profile, alg)
+    elif alg == "NGRAM":
+        if a.get("speculative_num_draft_tokens") is None:
+            a["speculative_num_draft_tokens"] = 12
+        if a.get("speculative_num_steps") is None:
+            a["speculative_num_steps"] = 1
     else:
-        all_off = bool(a.get("disable_cuda_graph"))
-        dec_backend = a.get("cuda_graph_backend_decode")
-        pre_backend = a.get("cuda_graph_backend_prefill")
-        res.decode_graph = not (all_off or dec_backend == "disabled" or a.get("disable_decode_cuda_graph"))
-        res.prefill_graph = not (all_off or pre_backend == "disabled" or a.get("disable_prefill_cuda_graph"))
-        max_bs_default = a.get("cuda_graph_max_bs_decode") is None
-        if a.get("cuda_graph_bs_decode"):
-            a["cuda_graph_max_bs_decode"] = max(a["cuda_graph_bs_decode"])
-            max_bs_default = False
-        if a.get("cuda_graph_max_bs_decode") is None:
-            a["cuda_graph_max_bs_decode"] = bs_default
-        mrr_flag = a.get("max_running_requests")
-        if (
-            version.decode_bs_capped_by_mrr
-            and max_bs_default
-            and mrr_flag is not None
-            and a["cuda_graph_max_bs_decode"] > mrr_flag
-        ):
-            a["cuda_graph_max_bs_decode"] = mrr_flag
-        if not a.get("cuda_graph_bs_decode"):
-            a["cuda_graph_bs_decode"] = decode_bs_list(a["cuda_graph_max_bs_decode"], res.spec)
-        if a.get("cuda_graph_max_bs_prefill") is None:
-            pmax = a["chunked_prefill_size"]
-            if a.get("max_total_tokens") is not None:
-                pmax = min(pmax, a["max_total_tokens"])
-            a["cuda_graph_max_bs_prefill"] = pmax
-        if not a.get("cuda_graph_bs_prefill"):
-            a["cuda_graph_bs_prefill"] = prefill_bs_list(a["cuda_graph_max_bs_prefill"])
-        if a.get("cuda_graph_backend_decode") is None:
-            a["cuda_graph_backend_decode"] = "disabled" if not res.decode_graph else "full"
-        if a.get("cuda_graph_backend_prefill") is None:
-            a["cuda_graph_backend_prefill"] = "disabled" if not res.prefill_graph else "breakable"
-        res.decode_max_bs = a["cuda_graph_max_bs_decode"]
-        res.prefill_bs = list(a["cuda_graph_bs_prefill"])
+        if a.get("speculative_num_steps") is None:
+            a["speculative_num_steps"] = 3
+        if a.get("speculative_num_draft_tokens") is None:
+            a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
+    res.draft_tokens = int(a["speculative_num_draft_tokens"])
+    res.spec_steps = int(a["speculative_num_steps"])
 
-    if a.get("mem_fraction_static") is None:
-        chunk = a["chunked_prefill_size"]
-        act = max(chunk, 2048) if chunk > 0 else max(a.get("max_prefill_tokens") or 16384, 2048)
-        reserved = 512 + act * 1.5 + tp * pp / 8 * 1024
-        if v9:
-            reserved += res.decode_max_bs * 2
-            if res.prefill_graph:
-                reserved += len(res.prefill_bs) * 8
-        else:
-            if res.decode_graph:
-                reserved += res.decode_max_bs * 2
-            if res.prefill_graph:
-                reserved += len(res.prefill_bs) * 8
-        if gpu_mem > 60 * 1024:
-            reserved = max(reserved, 10 * 1024)
-        if v9 and alg is not None:
-            if alg == "STANDALONE":
-                reserved += 6 * 1024
-            elif alg != "NGRAM":
-                reserved += 2 * 1024
-        a["mem_fraction_static"] = round((gpu_mem - reserved) / gpu_mem, 3)
 
-    if a.get("max_prefill_tokens") is None:
-        a["max_prefill_tokens"] = 16384
+def _overlap_0_5_9(a: dict[str, Any], res: Resolved) -> None:
+    if os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
+        a["disable_overlap_schedule"] = False
+        res.warn("Spec v2 is enabled for eagle/eagle3 speculative decoding and overlap schedule is turned on.")
+    else:
+        a["disable_overlap_schedule"] = True
+        res.warn(
+            "Overlap scheduler is disabled when spec v2 is off or using unsupported speculative "
+            "algorithm. You can set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental "
+            "overlap scheduler. "
+        )
 
-    # --- speculative decoding -------------------------------------------------------
-    res.overlap = not a.get("disable_overlap_schedule")
-    if alg is not None:
-        if a.get("max_running_requests") is None:
-            a["max_running_requests"] = 48
-            res.warn(
-                "Max running requests is reset to 48 for speculative decoding. You can override this by "
-                "explicitly setting --max-running-requests."
-            )
-        if alg in SPEC_EAGLE and v9:
-            if os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
-                a["disable_overlap_schedule"] = False
-                res.warn("Spec v2 is enabled for eagle/eagle3 speculative decoding and overlap schedule is turned on.")
-            else:
-                a["disable_overlap_schedule"] = True
-                res.warn(
-                    "Overlap scheduler is disabled when spec v2 is off or using unsupported speculative "
-                    "algorithm. You can set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental "
-                    "overlap scheduler. "
-                )
-        if alg in SPEC_EAGLE:
-            if a.get("enable_mixed_chunk"):
-                a["enable_mixed_chunk"] = False
-                res.warn("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
-            if a.get("speculative_num_steps") is None:
-                arch = profile.architectures[0]
-                steps, topk, draft = (5, 4, 8) if arch in ("LlamaForCausalLM", "Grok1ForCausalLM") else (3, 1, 4)
-                if alg == "STANDALONE":
-                    steps, topk, draft = 3, 1, 4
-                a["speculative_num_steps"] = steps
-                if a.get("speculative_eagle_topk") is None:
-                    a["speculative_eagle_topk"] = topk
-                if a.get("speculative_num_draft_tokens") is None:
-                    a["speculative_num_draft_tokens"] = draft
-            if a.get("speculative_eagle_topk") is None:
-                a["speculative_eagle_topk"] = 1
-            if a.get("speculative_num_draft_tokens") is None:
-                a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
-            if a["speculative_eagle_topk"] == 1 and a["speculative_num_draft_tokens"] != a["speculative_num_steps"] + 1:
-                res.warn(
-                    "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                    "speculative_eagle_topk == 1"
-                )
-                a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
-        elif alg == "NGRAM":
-            if a.get("speculative_num_draft_tokens") is None:
-                a["speculative_num_draft_tokens"] = 12
-            if a.get("speculative_num_steps") is None:
-                a["speculative_num_steps"] = 1
-        else:
-            if a.get("speculative_num_steps") is None:
-                a["speculative_num_steps"] = 3
-            if a.get("speculative_num_draft_tokens") is None:
-                a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
-        res.draft_tokens = int(a["speculative_num_draft_tokens"])
-        res.spec_steps = int(a["speculative_num_steps"])
-    res.overlap = not a.get("disable_overlap_schedule")
 
-    # --- hybrid Mamba models ----------------------------------------------------------
-    if version.mamba_ratio_default_none and a.get("mamba_full_memory_ratio") is None:
-        a["mamba_full_memory_ratio"] = 0.9
-    res.mamba_full_memory_ratio = float(a.get("mamba_full_memory_ratio") or 0.9)
-    if profile.is_hybrid:
-        _resolve_mamba(a, res, version, profile)
-
-    res.context_len = int(a.get("context_length") or profile.context_length)
-    return res
+def _eagle_steps(a: dict[str, Any], res: Resolved, profile: ModelProfile, alg: str) -> None:
+    if a.get("enable_mixed_chunk"):
+        a["enable_mixed_chunk"] = False
+        res.warn("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
+    if a.get("speculative_num_steps") is None:
+        arch = profile.architectures[0]
+        steps, topk, draft = (5, 4, 8) if arch in ("LlamaForCausalLM", "Grok1ForCausalLM") else (3, 1, 4)
+        if alg == "STANDALONE":
+            steps, topk, draft = 3, 1, 4
+        a["speculative_num_steps"] = steps
+        if a.get("speculative_eagle_topk") is None:
+            a["speculative_eagle_topk"] = topk
+        if a.get("speculative_num_draft_tokens") is None:
+            a["speculative_num_draft_tokens"] = draft
+    if a.get("speculative_eagle_topk") is None:
+        a["speculative_eagle_topk"] = 1
+    if a.get("speculative_num_draft_tokens") is None:
+        a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
+    if a["speculative_eagle_topk"] == 1 and a["speculative_num_draft_tokens"] != a["speculative_num_steps"] + 1:
+        res.warn(
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
+        )
+        a["speculative_num_draft_tokens"] = a["speculative_num_steps"] + 1
 
 
 def _resolve_mamba(a: dict[str, Any], res: Resolved, version: Version, profile: ModelProfile) -> None:

@@ -115,6 +115,49 @@ class Scheduler:
         os._exit(0)
 
     def startup(self) -> dict[str, Any]:
+        """The scheduler's start as SGLang runs it: torch distributed, the weights, the pools, the
+        CUDA graphs, a 0.5.9 draft loaded after them, then the summary; GPU memory taken step by
+        step, each step's lines written by gpusim/startup.py."""
+        spec = self.spec
+        prof = ModelProfile(**spec["profile"])
+        others = self._init_torch_distributed(prof)
+        inp = memory.MemoryInputs(
+            **{
+                **spec["memory"],
+                "version": self.version,
+                "profile": prof,
+                "others_mib": others,
+                "gpu_index": int(spec["gpu_logical"]),
+            }
+        )
+        plan = self._load_weights(inp, prof)
+        rank0 = int(spec["tp_rank"]) == 0
+        lines = startup.startup_lines(inp, plan, spec["args_for_log"], rank0=rank0, startup_s=self.startup_s)
+        self._say(lines, "weights")
+        self._wait_until(0.7)
+        self._say(lines, "sizing", "pools")
+        self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
+        self._say(lines, "pools_end")
+        self._capture_cuda_graphs(inp, plan, lines)
+        if plan.late_draft_mib:
+            self._say(lines, "late_draft")
+            self._set_mib(plan.final_mib)
+        self._wait_until(1.0)
+        self._say(lines, "warnings", "summary")
+        return {
+            "status": "ready",
+            "max_total_num_tokens": plan.kv_tokens,
+            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
+            "max_running_requests": plan.max_running,
+            "max_mamba_cache_size": plan.mamba_k,
+            "mamba_ratio": plan.mamba_ratio,
+            **startup.memory_usage(inp, plan),
+            "final_mib": plan.final_mib,
+            "pid": os.getpid(),
+        }
+
+    def _init_torch_distributed(self, prof: ModelProfile) -> int:
+        """Open the GPU's device nodes and take the CUDA context; the MiB others hold on the GPU."""
         spec = self.spec
         phys = int(spec["gpu_physical"])
         devdir = Path(spec["devices_dir"])
@@ -135,7 +178,6 @@ class Scheduler:
                     f"CUDA error: no CUDA-capable device is detected ({devdir / name}: {exc.strerror})",
                 ) from None
         me = os.getpid()
-        prof = ModelProfile(**spec["profile"])
         alloc = registry.Allocation(
             pid=me,
             start_time=procutil.start_time(me) or 0,
@@ -152,17 +194,12 @@ class Scheduler:
             f"Init torch distributed ends. elapsed={0.05 * self.startup_s:.2f} s, "
             f"mem usage={prof.context_mib / 1024:.2f} GB"
         )
-        inp = memory.MemoryInputs(
-            **{
-                **spec["memory"],
-                "version": self.version,
-                "profile": prof,
-                "others_mib": others,
-                "gpu_index": int(spec["gpu_logical"]),
-            }
-        )
-        total_gib = inp.total_mib / 1024
-        avail0 = total_gib - others / 1024 - prof.context_mib / 1024
+        return others
+
+    def _load_weights(self, inp: memory.MemoryInputs, prof: ModelProfile) -> memory.MemoryPlan:
+        """The weights come in step by step; a start that fails (out of memory now, or later at
+        the pools) fails after the memory it took."""
+        avail0 = inp.total_mib / 1024 - inp.others_mib / 1024 - prof.context_mib / 1024
         self.log.info(startup.load_weight_begin(avail0))
         w = memory.weights_gib(inp)
         try:
@@ -182,42 +219,25 @@ class Scheduler:
         if failure is not None:
             self._wait_until(0.7)
             raise failure
-        rank0 = int(spec["tp_rank"]) == 0
-        lines = startup.startup_lines(inp, plan, spec["args_for_log"], rank0=rank0, startup_s=self.startup_s)
-        self._say(lines, "weights")
-        self._wait_until(0.7)
-        self._say(lines, "sizing", "pools")
-        self._set_mib(prof.context_mib + plan.weights_mib + plan.pools_mib)
-        self._say(lines, "pools_end")
-        if inp.cuda_graph_enabled:
-            self._say(lines, "graph_begin")
-            self._wait_until(0.8)
+        return plan
+
+    def _capture_cuda_graphs(
+        self, inp: memory.MemoryInputs, plan: memory.MemoryPlan, lines: startup.StartupLines
+    ) -> None:
+        """The graphs' working set must fit outside the static pool, or CUDA runs out."""
+        if not inp.cuda_graph_enabled:
             oom = memory.check_headroom(inp, plan)
             if oom:
                 raise oom
-            self._wait_until(0.95)
-            self._set_mib(plan.final_mib - plan.late_draft_mib)
-            self._say(lines, "graph_end")
-        else:
-            oom = memory.check_headroom(inp, plan)
-            if oom:
-                raise oom
-        if plan.late_draft_mib:
-            self._say(lines, "late_draft")
-            self._set_mib(plan.final_mib)
-        self._wait_until(1.0)
-        self._say(lines, "warnings", "summary")
-        return {
-            "status": "ready",
-            "max_total_num_tokens": plan.kv_tokens,
-            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
-            "max_running_requests": plan.max_running,
-            "max_mamba_cache_size": plan.mamba_k,
-            "mamba_ratio": plan.mamba_ratio,
-            **startup.memory_usage(inp, plan),
-            "final_mib": plan.final_mib,
-            "pid": os.getpid(),
-        }
+            return
+        self._say(lines, "graph_begin")
+        self._wait_until(0.8)
+        oom = memory.check_headroom(inp, plan)
+        if oom:
+            raise oom
+        self._wait_until(0.95)
+        self._set_mib(plan.final_mib - plan.late_draft_mib)
+        self._say(lines, "graph_end")
 
     def _say(self, lines: startup.StartupLines, *stages: str) -> None:
         for stage in stages:

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from agent_requests import REQUEST
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import _pct
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import bundle
@@ -47,7 +48,12 @@ def run_payload(python3: str, request: dict, *before: str) -> dict:
 
 
 def test_the_payload_runs_an_operation_with_the_system_python(python3: str, tmp_path: Path) -> None:
-    request = {"op": "release", "nvidia_smi": fake_smi(tmp_path), "instances": [{"name": "gpu0", "gpus": [0]}]}
+    request = {
+        **REQUEST,
+        "op": "release",
+        "nvidia_smi": fake_smi(tmp_path),
+        "instances": [{"name": "gpu0", "gpus": [0]}],
+    }
     out = run_payload(python3, request)
     assert out["instances"]["gpu0"]["released"] is True
     assert out["agent_version"] == 1
@@ -75,7 +81,12 @@ def test_run_agent_runs_the_payload_through_pct(python3: str, tmp_path: Path) ->
     pct = tmp_path / "pct"
     pct.write_text(f'#!/bin/sh\n[ "$1 $3 $4" = "exec -- python3" ] || exit 99\nshift 4\nexec {python3} "$@"\n')
     pct.chmod(0o755)
-    request = {"op": "release", "nvidia_smi": fake_smi(tmp_path), "instances": [{"name": "gpu0", "gpus": [0]}]}
+    request = {
+        **REQUEST,
+        "op": "release",
+        "nvidia_smi": fake_smi(tmp_path),
+        "instances": [{"name": "gpu0", "gpus": [0]}],
+    }
     out = _pct.run_agent(request, 101, str(pct), timeout=60)
     assert out["instances"]["gpu0"]["released"] is True
     broken = _pct.run_agent(request, 101, str(tmp_path / "absent-pct"))

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_requests import REQUEST, run_op
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import clients, op_clients, ops
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import clients, op_clients
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
 from ansible_collections.sglang_ops.fleet.plugins.modules import retune_phase
@@ -131,6 +132,7 @@ class FakeHost(Host):
     def __init__(self, tmp_path: Path, sockdir: str, **request: Any):
         super().__init__(
             {
+                **REQUEST,
                 "secrets_file": str(tmp_path / "secrets.env"),
                 "client_socket_dir": sockdir,
                 "poll_interval": 0.01,
@@ -277,7 +279,7 @@ def test_discovery_reports_state_socket_hello_and_the_instances_each_client_send
     host.unit_state["finished.service"]["SubState"] = "exited"
     serve(GEN, hello([URL0, URL1, "http://192.0.2.10:30002"]))
     units = [GEN, OTHER, "finished.service", "absent.service"]
-    out = ops.run({"op": "clients", "client_units": units, "instances": INSTANCES}, host)
+    out = run_op({"op": "clients", "client_units": units, "instances": INSTANCES}, host)
     gen, other, finished, absent = (out["clients"][u] for u in units)
     assert gen["running"] and gen["answered"] and gen["socket_exists"]
     assert gen["socket"] == f"{sockdir}/{GEN}/control.sock"
@@ -300,7 +302,7 @@ def test_discovery_of_a_client_that_hangs_takes_its_timeout_and_says_so(
     host.active(GEN)
     serve(GEN, lambda _r: FakeClient.HANG)
     t0 = time.monotonic()
-    out = ops.run({"op": "clients", "client_units": [GEN], "instances": INSTANCES, "client_hello_timeout": 0.3}, host)
+    out = run_op({"op": "clients", "client_units": [GEN], "instances": INSTANCES, "client_hello_timeout": 0.3}, host)
     assert time.monotonic() - t0 < 3
     assert out["clients"][GEN]["answered"] is False
     assert out["clients"][GEN]["error"] == "no answer within 0.3s"
@@ -309,7 +311,7 @@ def test_discovery_of_a_client_that_hangs_takes_its_timeout_and_says_so(
 def test_drain_sends_the_wave_endpoints_with_timeout_lease_and_who(tmp_path: Path, sockdir: str, serve: Any) -> None:
     host = FakeHost(tmp_path, sockdir)
     client = serve(GEN, hello([URL0, URL1]))
-    out = ops.run(
+    out = run_op(
         {
             "op": "drain",
             "clients": {GEN: [URL0], "gone.service": [URL1]},
@@ -341,7 +343,7 @@ def test_a_drain_that_never_answers_gives_an_error_after_its_timeout_and_margin(
     host = FakeHost(tmp_path, sockdir)
     serve(GEN, lambda _r: FakeClient.HANG)
     t0 = time.monotonic()
-    out = ops.run({"op": "drain", "clients": {GEN: [URL0]}, "client_drain_timeout": 0.2, "lease": 60}, host)
+    out = run_op({"op": "drain", "clients": {GEN: [URL0]}, "client_drain_timeout": 0.2, "lease": 60}, host)
     assert 0.3 < time.monotonic() - t0 < 3
     assert out["clients"][GEN] == {"ok": False, "error": "no answer within 0.4s", "socket": host.client_socket(GEN)}
 
@@ -349,7 +351,7 @@ def test_a_drain_that_never_answers_gives_an_error_after_its_timeout_and_margin(
 def test_resume_answers_each_endpoints_capacity(tmp_path: Path, sockdir: str, serve: Any) -> None:
     host = FakeHost(tmp_path, sockdir)
     client = serve(GEN, hello([URL0, URL1]))
-    out = ops.run({"op": "resume", "clients": {GEN: [URL0, URL1]}, "by": "sglang-fleet retune of gpu0"}, host)
+    out = run_op({"op": "resume", "clients": {GEN: [URL0, URL1]}, "by": "sglang-fleet retune of gpu0"}, host)
     assert client.requests == [{"v": 1, "op": "resume", "endpoints": [URL0, URL1], "by": "sglang-fleet retune of gpu0"}]
     assert out["clients"][GEN]["ok"] is True
     assert out["clients"][GEN]["capacity"] == {URL0: 40, URL1: 40}
@@ -363,14 +365,14 @@ def test_client_stop_and_start_go_through_systemctl_and_say_how_they_ended(tmp_p
         host.unit_state[GEN].update(ActiveState="inactive", SubState="dead")  # OTHER ignores SIGTERM
 
     host.on_systemctl["stop"] = stop
-    out = ops.run({"op": "client_stop", "client_units": [GEN, OTHER]}, host)
+    out = run_op({"op": "client_stop", "client_units": [GEN, OTHER]}, host)
     assert host.systemctl_calls == [["stop", "--", GEN, OTHER]]
     assert out["clients"][GEN]["stopped"] is True and out["clients"][GEN]["unit_state"] == "inactive/dead"
     assert out["clients"][OTHER]["stopped"] is False
     assert out["clients"][OTHER]["msg"] == f"still active/running after systemctl stop -- {GEN} {OTHER} (rc=0)"
 
     host.on_systemctl["start"] = lambda args: host.active(GEN)
-    out = ops.run({"op": "client_start", "client_units": [GEN]}, host)
+    out = run_op({"op": "client_start", "client_units": [GEN]}, host)
     assert host.systemctl_calls[-1] == ["start", "--", GEN]
     assert out["clients"][GEN] == {
         "started": True,

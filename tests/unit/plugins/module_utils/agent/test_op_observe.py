@@ -9,10 +9,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe, ops
+from agent_requests import REQUEST, run_op
+
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.ops import run as op_observe_run
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 
 # SGLang reference §4, "Exposition sample (v23)" (the long label sets split over string literals).
@@ -46,6 +49,7 @@ def test_parse_metrics_on_the_reference_exposition() -> None:
         "num_running_reqs": 3.0,
         "token_usage": 0.05,
         "max_total_num_tokens": 1.5e6,
+        "prompt_tokens_total": 7.0,  # the measurement's requests take the window's shape
     }
     # Gauges: the largest over the ranks; counters: the sum over their series (is_streaming).
     text = (
@@ -56,16 +60,24 @@ def test_parse_metrics_on_the_reference_exposition() -> None:
     assert op_observe.parse_metrics(text) == {"num_running_reqs": 16.0, "generation_tokens_total": 1500250.0}
 
 
-def test_the_agent_and_the_controller_ask_for_the_same_lines() -> None:
-    assert op_observe.JOURNAL_PATTERN == JOURNAL_PATTERN
+def test_the_agent_asks_for_the_lines_the_controller_names_and_has_none_of_its_own(tmp_path: Path) -> None:
+    """The lines to read are the controller's parser's (one expression, sent with the request): an
+    observe that would read the journal without it fails naming the key."""
     re.compile(JOURNAL_PATTERN)
+    assert not hasattr(op_observe, "JOURNAL_PATTERN")
+    request = {k: v for k, v in REQUEST.items() if k != "journal_pattern"}
+    out = op_observe_run({**request, "op": "observe", "instances": [instance()]}, ObserveHost(tmp_path))
+    assert out == {
+        "failed": True,
+        "msg": "the request to the host agent has no 'journal_pattern' (its sender must give every key it reads)",
+    }
 
 
 class ObserveHost(Host):
     """A host whose instance answers /metrics with a new sample per call, on a fake clock."""
 
     def __init__(self, tmp_path: Path, running: bool = True):
-        super().__init__({"secrets_file": str(tmp_path / "secrets.env"), "http_timeout": 30})
+        super().__init__({**REQUEST, "secrets_file": str(tmp_path / "secrets.env"), "http_timeout": 30})
         self.clock = 1000.0
         self.running = running
         self.metrics_calls = 0
@@ -123,7 +135,7 @@ def instance() -> dict[str, Any]:
 
 def test_observe_samples_the_window_and_reads_the_rest_once(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path)
-    result = ops.run({"op": "observe", "instances": [instance()], "window": 20, "interval": 5}, host)
+    result = run_op({"op": "observe", "instances": [instance()], "window": 20, "interval": 5}, host)
     assert result["agent_version"] == 1 and result["sampled"] is True
     obs = result["instances"]["gpu0"]
     # Ticks at 0, 5, 10, 15, 20 s; the third /metrics timed out.
@@ -179,7 +191,7 @@ def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> N
         "interval": 5,
         "client_units": ["gen.service", "silent.service"],
     }
-    result = ops.run(req, host)
+    result = run_op(req, host)
     assert [unit for unit, _unused in asked] == ["gen.service", "silent.service"]
     # Only the endpoint that reaches this host's gpu0 (port 30000) counts for it.
     assert result["instances"]["gpu0"]["clients"] == [
@@ -197,13 +209,13 @@ def test_observe_asks_the_generation_clients_what_they_send(tmp_path: Path) -> N
     ]
     # Without client_units, no client is asked.
     asked.clear()
-    plain = ops.run({**req, "client_units": []}, host)
+    plain = run_op({**req, "client_units": []}, host)
     assert asked == [] and "clients" not in plain["instances"]["gpu0"]
 
 
 def test_observe_without_sampling_for_prometheus(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path)
-    result = ops.run(
+    result = run_op(
         {"op": "observe", "instances": [instance()], "window": 300, "interval": 5, "sample_metrics": False}, host
     )
     assert host.metrics_calls == 0 and host.server_info_calls == 1
@@ -214,7 +226,7 @@ def test_observe_without_sampling_for_prometheus(tmp_path: Path) -> None:
 def test_observe_a_stopped_instance_and_a_broken_nvidia_smi(tmp_path: Path) -> None:
     host = ObserveHost(tmp_path, running=False)
     host.gpu_error = EvidenceError("GPU memory", ["nvidia-smi"], 9, "", "NVIDIA-SMI has failed")
-    result = ops.run({"op": "observe", "instances": [instance()], "window": 10, "interval": 5}, host)
+    result = run_op({"op": "observe", "instances": [instance()], "window": 10, "interval": 5}, host)
     obs = result["instances"]["gpu0"]
     assert obs["running"] is False and obs["server_info_error"] == "the unit is not running"
     assert obs["samples"] == [] and host.server_info_calls == 0

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+from agent_requests import REQUEST, run_op
+
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import ops
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.request import RequestError
 
 UNIT = "sglang-gpu0.service"
 CGROUP = f"/system.slice/{UNIT}"
@@ -22,6 +26,7 @@ class FakeHost(Host):
     def __init__(self, tmp_path: Path, **request: Any):
         super().__init__(
             {
+                **REQUEST,
                 "secrets_file": str(tmp_path / "secrets.env"),
                 "state_dir": str(tmp_path / "state"),
                 "desired_dir": str(tmp_path / "desired"),
@@ -158,7 +163,7 @@ def test_inspect_on_a_host_whose_nvidia_smi_fails_reports_evidence_errors(tmp_pa
     host = FakeHost(tmp_path)
     host.serving(100, "inv-1", {"max_running_requests": 48})
     host.gpu_answer = SMI_HANGS
-    out = ops.run({"op": "inspect", "instances": [instance()]}, host)
+    out = run_op({"op": "inspect", "instances": [instance()]}, host)
     facts = out["instances"]["gpu0"]
     # Quoted once: the compute-apps query of the same broken tool is not a second error.
     assert [e["msg"] for e in facts["evidence_errors"]] == [SMI_HANGS.describe()]
@@ -176,7 +181,7 @@ def test_inspect_reports_the_settings_evidence_and_the_records(tmp_path: Path) -
     host.serving(100, "inv-1", {"max_running_requests": 48, "api_key": "sk-secret-1"})
     host.procs[100]["cmdline"] = [*ARGV, "--api-key", "sk-secret-1"]
     install_desired(host, "f0")
-    out = ops.run({"op": "inspect", "instances": [instance()]}, host)
+    out = run_op({"op": "inspect", "instances": [instance()]}, host)
     facts = out["instances"]["gpu0"]
     assert facts["evidence_errors"] == []
     assert facts["argv_matches"] is False and facts["argv"][-1] == "********"
@@ -222,7 +227,7 @@ class MetricsHost(FakeHost):
 def inspect_stall(host: MetricsHost, **req: Any) -> dict[str, Any]:
     host.serving(100, "inv-1", {"max_running_requests": 48})
     install_desired(host)
-    return ops.run({"op": "inspect", "instances": [instance()], **req}, host)["instances"]["gpu0"]
+    return run_op({"op": "inspect", "instances": [instance()], **req}, host)["instances"]["gpu0"]
 
 
 def test_an_instance_that_holds_requests_and_processes_no_token_is_stalled(tmp_path: Path) -> None:
@@ -266,7 +271,7 @@ def test_a_wedged_instance_is_not_probed_for_a_stall(tmp_path: Path) -> None:
     host = MetricsHost(tmp_path, [metrics(3, 5, 1000)])
     host.serving(100, "inv-1", {})
     host.answers["/server_info"] = (None, "TimeoutError: timed out")
-    facts = ops.run({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
+    facts = run_op({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert facts["unanswered"] and "stalled" not in facts and host.metrics_read_at == []
 
 
@@ -296,7 +301,7 @@ def stopping_host(tmp_path: Path, teardown_s: float) -> FakeHost:
 def test_stop_waits_for_a_process_in_teardown_after_sigkill(tmp_path: Path) -> None:
     host = stopping_host(tmp_path, teardown_s=40)
     req = {"op": "stop", "instances": [instance()], "stop_timeout": 30, "kill_timeout": 10, "release_timeout": 300}
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["escalated"] is True
     assert entry["dead"] is True and entry["survivors"] == [] and "msg" not in entry
     assert 40 <= entry["teardown_s"] <= 41
@@ -307,7 +312,7 @@ def test_stop_waits_for_a_process_in_teardown_after_sigkill(tmp_path: Path) -> N
 def test_stop_names_a_process_still_in_teardown_at_the_release_deadline(tmp_path: Path) -> None:
     host = stopping_host(tmp_path, teardown_s=1000)
     req = {"op": "stop", "instances": [instance()], "stop_timeout": 30, "kill_timeout": 10, "release_timeout": 60}
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["dead"] is False
     assert entry["msg"].startswith("still in teardown 60s after SIGKILL (the release deadline): PID 100")
     assert host.kills == []
@@ -324,7 +329,7 @@ def test_a_wedged_instance_is_sigkilled_after_one_signal_deadline_not_the_drain_
         "kill_timeout": 10,
         "release_timeout": 300,
     }
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["escalated"] is True and entry["dead"] is True
     assert entry["time_to_dead_s"] < 20
     assert "stop deadline 10s passed (wedged: no drain to wait for): systemctl kill SIGKILL" in " ".join(
@@ -335,7 +340,7 @@ def test_a_wedged_instance_is_sigkilled_after_one_signal_deadline_not_the_drain_
 def test_an_instance_that_is_not_wedged_gets_the_whole_drain_deadline(tmp_path: Path) -> None:
     host = stopping_host(tmp_path, teardown_s=2)
     req = {"op": "stop", "instances": [instance()], "stop_timeout": 300, "kill_timeout": 10, "release_timeout": 300}
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["escalated"] is True and entry["time_to_dead_s"] >= 300
 
 
@@ -343,7 +348,7 @@ def test_stop_fails_closed_on_a_foreign_holder_and_never_kills_it(tmp_path: Path
     host = stopping_host(tmp_path, teardown_s=0)
     host.process(300, ["python3", "trainer.py"], cgroup="/user.slice", gpus=[0])
     req = {"op": "stop", "instances": [instance()], "stop_timeout": 30, "kill_timeout": 10}
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["dead"] is False
     assert entry["msg"] == "PID 300 (python3 trainer.py) not an SGLang process, holding GPU [0]"
     assert host.kills == []
@@ -364,7 +369,7 @@ def starting_host(tmp_path: Path, server_info: dict[str, Any]) -> FakeHost:
 def test_start_refuses_when_the_port_is_held(tmp_path: Path) -> None:
     host = starting_host(tmp_path, {})
     host.process(555, ["python3", "-m", "http.server", str(PORT)], cgroup="/user.slice", gpus=(), ports=[PORT])
-    entry = ops.run({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
+    entry = run_op({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert entry["msg"] == f"port {PORT} is already in use by PID 555 (python3 -m http.server {PORT})"
     assert entry["started"] is False
     assert not any(call[0] == "start" for call in host.systemctl_calls)
@@ -373,7 +378,7 @@ def test_start_refuses_when_the_port_is_held(tmp_path: Path) -> None:
 def test_start_refuses_desired_settings_the_host_does_not_have(tmp_path: Path) -> None:
     host = starting_host(tmp_path, {})
     install_desired(host, "f0")
-    entry = ops.run({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
+    entry = run_op({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert "is not the inventory's (f1)" in entry["msg"]
     assert host.systemctl_calls == []
 
@@ -381,7 +386,7 @@ def test_start_refuses_desired_settings_the_host_does_not_have(tmp_path: Path) -
 def test_start_proves_the_settings_and_records_them_as_last_good(tmp_path: Path) -> None:
     host = starting_host(tmp_path, {"max_running_requests": 48, "version": "0.5.23"})
     req = {"op": "start", "instances": [instance(old_main_pid=100, old_invocation_id="inv-1")]}
-    entry = ops.run(req, host)["instances"]["gpu0"]
+    entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["healthy"] is True, entry.get("msg")
     assert (entry["new_main_pid"], entry["version"], entry["smoke"]["ok"]) == (200, "0.5.23", 2)
     record = json.loads(Path(host.state.last_good_path("gpu0")).read_text())
@@ -390,7 +395,7 @@ def test_start_proves_the_settings_and_records_them_as_last_good(tmp_path: Path)
 
 def test_start_fails_a_server_reporting_other_settings(tmp_path: Path) -> None:
     host = starting_host(tmp_path, {"max_running_requests": 99})
-    entry = ops.run({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
+    entry = run_op({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert entry["healthy"] is False
     assert entry["msg"] == "/server_info reports other settings: max_running_requests=99 (expected 48)"
     assert entry["server_info_mismatches"] == [{"arg": "max_running_requests", "expected": 48, "reported": 99}]
@@ -402,7 +407,7 @@ def test_start_reports_a_crash(tmp_path: Path) -> None:
     host.on_systemctl["start"] = lambda args: host.unit_state.update(
         {UNIT: {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "MainPID": "0"}}
     )
-    entry = ops.run({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
+    entry = run_op({"op": "start", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert entry["crashed"] is True
     assert entry["msg"] == "crashed while starting: unit failed/failed (result exit-code)"
 
@@ -412,7 +417,7 @@ def test_start_gives_up_at_its_deadline(tmp_path: Path) -> None:
     host.on_systemctl["start"] = lambda args: host.unit_state.update(
         {UNIT: {"ActiveState": "activating", "SubState": "start-pre", "MainPID": "0"}}
     )
-    entry = ops.run({"op": "start", "instances": [instance()], "start_timeout": 120}, host)["instances"]["gpu0"]
+    entry = run_op({"op": "start", "instances": [instance()], "start_timeout": 120}, host)["instances"]["gpu0"]
     assert entry["msg"] == "not healthy within the start deadline of 120s (unit activating/start-pre)"
     assert host.clock >= 1120
 
@@ -420,7 +425,7 @@ def test_start_gives_up_at_its_deadline(tmp_path: Path) -> None:
 def test_record_writes_the_last_good_file(tmp_path: Path) -> None:
     host = FakeHost(tmp_path)
     (Path(host.unit_dir) / UNIT).write_text("[Service]\nExecStart=x\n")
-    out = ops.run({"op": "record", "instances": [instance()]}, host)
+    out = run_op({"op": "record", "instances": [instance()]}, host)
     assert out["recorded"] == ["gpu0"]
     record = json.loads(Path(tmp_path / "state/instances/gpu0/last-good.json").read_text())
     assert record["unit_path"] == str(Path(host.unit_dir) / UNIT)
@@ -446,11 +451,37 @@ def test_inspect_in_check_mode_reads_the_startup_journal_as_observe_does(tmp_pat
     host.startup_journal = startup_journal  # type: ignore[attr-defined]
     host.serving(100, "inv-1", {"max_running_requests": 48})
     install_desired(host, "f0")
-    plain = ops.run({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
+    plain = run_op({"op": "inspect", "instances": [instance()]}, host)["instances"]["gpu0"]
     assert "journal" not in plain and asked == []
-    facts = ops.run({"op": "inspect", "instances": [instance()], "startup_journal": True}, host)["instances"]["gpu0"]
+    facts = run_op({"op": "inspect", "instances": [instance()], "startup_journal": True}, host)["instances"]["gpu0"]
     assert facts["journal"] == lines and facts["journal_source"] == "host"
     assert asked[0][:2] == ("inv-1", UNIT) and "Mamba Cache is allocated" in asked[0][2]
+
+
+def test_a_real_run_reads_the_startup_journal_only_of_instances_whose_settings_change(tmp_path: Path) -> None:
+    """Outside check mode the retune asks for the journal of the instances it may relaunch with new
+    settings (the fit pre-flight): an unchanged instance costs no journal read; a command line or
+    an environment that differs does."""
+    host = FakeHost(tmp_path)
+    asked: list[str] = []
+
+    def startup_journal(invocation_id: str, unit: str, pattern: str) -> list[str]:
+        asked.append(invocation_id)
+        return ["Load weight end. elapsed=2.00 s, avail mem=100.00 GB, mem usage=50.00 GB."]
+
+    host.startup_journal = startup_journal  # type: ignore[attr-defined]
+    host.serving(100, "inv-1", {"max_running_requests": 48})
+    install_desired(host, "f1")
+    same = run_op({"op": "inspect", "instances": [instance()], "startup_journal": "changed"}, host)["instances"]
+    assert "journal" not in same["gpu0"] and asked == []
+    flags = instance(argv=[*ARGV, "--max-running-requests", "64"])
+    changed = run_op({"op": "inspect", "instances": [flags], "startup_journal": "changed"}, host)["instances"]
+    assert changed["gpu0"]["journal"] and asked == ["inv-1"]
+    env = instance(env={"CUDA_VISIBLE_DEVICES": "0", "SGLANG_X": "1"})
+    run_op({"op": "inspect", "instances": [env], "startup_journal": "changed"}, host)
+    assert asked == ["inv-1", "inv-1"]
+    run_op({"op": "inspect", "instances": [instance()], "startup_journal": "all"}, host)
+    assert asked == ["inv-1", "inv-1", "inv-1"]
 
 
 def _recording_clients(host: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -469,7 +500,7 @@ def test_start_hands_the_wave_back_to_the_clients_once_every_instance_is_healthy
     calls = _recording_clients(host)
     url = "http://127.0.0.1:30000"
     req = {"op": "start", "instances": [instance()], "resume_clients": {"gen.service": [url]}}
-    result = ops.run(req, host)
+    result = run_op(req, host)
     assert result["instances"]["gpu0"]["healthy"] is True
     assert calls == [("gen.service", {"op": "resume", "endpoints": [url], "by": "sglang-fleet retune"})]
     assert result["resumed"] == {"gen.service": {"resumed": [url], "capacity": {url: 64}, "ok": True}}
@@ -479,6 +510,45 @@ def test_start_leaves_the_resume_to_the_retune_when_an_instance_is_not_healthy(t
     host = starting_host(tmp_path, {"max_running_requests": 99})
     calls = _recording_clients(host)
     req = {"op": "start", "instances": [instance()], "resume_clients": {"gen.service": ["http://127.0.0.1:30000"]}}
-    result = ops.run(req, host)
+    result = run_op(req, host)
     assert result["instances"]["gpu0"]["healthy"] is False
     assert calls == [] and "resumed" not in result
+
+
+# -- the request ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "key"),
+    [
+        ("stop", "stop_timeout"),
+        ("stop", "release_timeout"),
+        ("release", "threshold_mib"),
+        ("start", "health_timeout"),
+        ("start", "smoke_requests"),
+    ],
+)
+def test_a_request_without_a_key_it_reads_fails_naming_it_before_touching_anything(
+    tmp_path: Path, op: str, key: str
+) -> None:
+    """The agent keeps no fallbacks: a value the controller did not send is never guessed."""
+    host = FakeHost(tmp_path)
+    host.unit_state[UNIT] = {"ActiveState": "active", "SubState": "running", "MainPID": "100"}
+    request = {k: v for k, v in REQUEST.items() if k != key}
+    out = ops.run({**request, "op": op, "instances": [instance()]}, host)
+    assert out == {
+        "failed": True,
+        "msg": f"the request to the host agent has no {key!r} (its sender must give every key it reads)",
+    }
+    assert host.systemctl_calls == []
+    assert host.kills == []
+
+
+def test_the_host_requires_the_secrets_file_and_reads_the_rest_when_first_used(tmp_path: Path) -> None:
+    with pytest.raises(RequestError, match="'secrets_file'"):
+        Host({})
+    host = Host({"secrets_file": str(tmp_path / "none.env")})
+    with pytest.raises(RequestError, match="'poll_interval'"):
+        host.wait(lambda: True, 0.0)
+    with pytest.raises(RequestError, match="'state_dir'"):
+        host.state.desired_path("gpu0")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_requests import run_op
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import (
     evidence,
@@ -24,7 +25,6 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import (
     op_apply,
     op_inspect,
     op_stop,
-    ops,
     procfs,
     systemd,
 )
@@ -304,7 +304,7 @@ def test_query_compute_apps_maps_uuids_and_na(tmp_path: Path) -> None:
 
 def test_release_fails_closed_when_nvidia_smi_breaks(tmp_path: Path) -> None:
     smi = fake_smi(tmp_path, "echo garbage; exit 0")
-    res = ops.run(
+    res = run_op(
         {"op": "release", "nvidia_smi": smi, "instances": [{"name": "gpu0", "gpus": [0]}], "release_timeout": 1}
     )
     inst = res["instances"]["gpu0"]
@@ -321,7 +321,7 @@ def test_release_waits_for_memory_to_fall(tmp_path: Path) -> None:
         f"n=$(cat {counter}); n=$((n+1)); echo $n > {counter}; "
         "if [ $n -ge 3 ]; then u=1; else u=90000; fi; printf '0, GPU-a, %s, 143771\\n1, GPU-b, 5000, 143771\\n' $u",
     )
-    res = ops.run(
+    res = run_op(
         {
             "op": "release",
             "nvidia_smi": smi,
@@ -435,20 +435,20 @@ def test_apply_writes_atomically_with_modes_and_reports_changes(tmp_path: Path) 
             {"path": str(secret), "content": "SGLANG_API_KEY=k\n", "mode": "0600", "secret": True},
         ],
     }
-    check = ops.run(dict(req, check_mode=True))
+    check = run_op(dict(req, check_mode=True))
     assert check["changed"] is True
     assert not unit.exists()  # check mode writes nothing
-    first = ops.run(req)
+    first = run_op(req)
     assert first["changed"] is True
     assert unit.read_text() == "a=1\n"
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
     diffs = [f for f in first["files"] if "diff" in f]
     assert [d["path"] for d in diffs] == [str(unit)]  # a secret's content never goes in a diff
-    second = ops.run(req)
+    second = run_op(req)
     assert second["changed"] is False
     assert all(not f["changed"] for f in second["files"])
     secret.chmod(0o644)
-    third = ops.run(req)
+    third = run_op(req)
     assert third["changed"] is True
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
 
@@ -472,6 +472,7 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
     (desired / "gpu0.json").write_text(record(["sleep", "60"]))
     req = {
         "op": "apply",
+        "secrets_file": "/nonexistent",
         "desired_dir": str(desired),
         "state_dir": str(state),
         "files": [
@@ -495,7 +496,7 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
         assert op_apply.keep_running_as_last_good(req, host, check=True) == ["gpu0"]
         assert not last_good.exists()  # check mode writes nothing
 
-        res = ops.run(req, host)
+        res = run_op(req, host)
         assert "keep the settings gpu0 runs now as its last good settings" in res["actions"]
         kept = json.loads(last_good.read_text())
         assert (kept["unit_text"], kept["argv"]) == ("old unit\n", ["sleep", "60"])

@@ -188,7 +188,10 @@ def nvsmi_error(what: str = "GPU memory", rc: int | None = None) -> Exception:
     return evidence.EvidenceError(what, ["nvidia-smi", "--query-gpu=index"], rc, "", "NVIDIA-SMI has failed")
 
 
-ARGS = ["--gpus", "1", "--port", "30001", "--threshold-mib", "1024", "--interval", "0.01"]
+ARGS = [
+    *("--gpus", "1", "--port", "30001", "--threshold-mib", "1024", "--interval", "0.01"),
+    *("--secrets-file", "/nonexistent/secrets.env"),
+]
 
 
 def test_waits_for_the_release_then_starts(guard, monkeypatch, capsys) -> None:
