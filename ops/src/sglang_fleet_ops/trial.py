@@ -27,7 +27,6 @@ from typing import Any
 
 FORMAT = 1
 DEFAULT_THRESHOLD = 1.10
-SERVER_DIAGNOSES = ("mamba-bound", "kv-bound", "max-running-bound")
 
 # (limit, window) -> build_advice(...) of an advise.yml run
 AdviseRun = Callable[[str | None, float | None], dict[str, Any]]
