@@ -17,7 +17,6 @@ concurrency follows the server's. It returns the raw observations; the controlle
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 from typing import Any, Callable
@@ -25,6 +24,7 @@ from typing import Any, Callable
 from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url
+from .metrics_text import metric_values
 from .op_clients import clients_by_instance
 from .op_measure import measure_instance, workload_shape
 from .request import need
@@ -57,33 +57,11 @@ COUNTERS = {
     "sglang:num_requests_total": "num_requests_total",
     "sglang:prompt_tokens_total": "prompt_tokens_total",
 }
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The metrics the advisor reads, from Prometheus text exposition."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name = match.group(1)
-        key = GAUGES.get(name) or COUNTERS.get(name)
-        if key is None:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        if name in COUNTERS:
-            out[key] = out.get(key, 0.0) + value
-        else:
-            out[key] = max(out.get(key, value), value)
-    return out
+    return metric_values(text, GAUGES, COUNTERS)
 
 
 def op_observe(req: dict[str, Any], host: Host) -> dict[str, Any]:

@@ -20,49 +20,26 @@ concluded only when, in addition, the counter stays flat.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 from .evidence import clip
 from .host import Host
 from .http_client import instance_url
+from .metrics_text import metric_values
 
 TOKENS = "sglang:realtime_tokens_total"
 REQUESTS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def work_done(text: str) -> dict[str, float]:
     """From Prometheus text exposition: the requests in the server (the largest value of each gauge
     over its series - TP/DP ranks -, running plus waiting) and the tokens processed (the counter
     summed over its series). A metric the text lacks is absent from the result."""
-    gauges: dict[str, float] = {}
-    tokens: float | None = None
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or line.startswith("#"):
-            continue
-        name = match.group(1)
-        if name != TOKENS and name not in REQUESTS:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        if name == TOKENS:
-            tokens = (tokens or 0.0) + value
-        else:
-            gauges[name] = max(gauges.get(name, value), value)
-    out: dict[str, float] = {}
-    if tokens is not None:
-        out["tokens"] = tokens
-    if all(g in gauges for g in REQUESTS):
-        out["running"] = gauges[REQUESTS[0]]
-        out["waiting"] = gauges[REQUESTS[1]]
-    return out
+    got = metric_values(text, {REQUESTS[0]: "running", REQUESTS[1]: "waiting"}, {TOKENS: "tokens"})
+    if not ("running" in got and "waiting" in got):
+        got.pop("running", None)
+        got.pop("waiting", None)
+    return got
 
 
 def _read(host: Host, instance: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
