@@ -103,6 +103,15 @@ def test_a_repository_not_ready_is_refused_before_anything(fleet_repo: Path, pre
     assert sh(fleet_repo, "branch", "--list") == branches
 
 
+@pytest.mark.parametrize("changed", ["host_vars/b200-node.yml", "group_vars/all.yml"])
+def test_an_inventory_named_by_its_hosts_file_is_checked_whole(fleet_repo: Path, changed: str) -> None:
+    # ansible.cfg and -i usually name the hosts file: its host_vars and group_vars are the inventory too.
+    (fleet_repo / "inventory/prod" / changed).parent.mkdir(exist_ok=True)
+    (fleet_repo / "inventory/prod" / changed).write_text("---\nsglang_server_args: {max_mamba_cache_size: 99}\n")
+    with pytest.raises(GitError, match=f"uncommitted changes.*inventory/prod/{changed}"):
+        check_ready(fleet_repo, Path("inventory/prod/hosts.yml"), "sglang-fleet/tune-x", VARIABLES)
+
+
 def test_no_repository_is_refused(tmp_path: Path) -> None:
     (tmp_path / "inv").mkdir()
     with pytest.raises(GitError, match="not in a git repository"):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .inventory_edit import InventoryEditError, plan_edits, write_edits
+from .inventory_edit import InventoryEditError, inventory_dir, plan_edits, write_edits
 
 BRANCH_PREFIX = "sglang-fleet/tune"
 GIT_TIMEOUT = 120
@@ -84,7 +84,8 @@ def check_ready(
         raise GitError(f"the inventory {inv} is not in the fleet repository {root}")
     rel = inv.relative_to(root)
     git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
-    dirty = git(root, "status", "--porcelain", "--", str(rel)).strip()
+    # The whole inventory directory: an inventory named by its hosts file has its variables beside it.
+    dirty = git(root, "status", "--porcelain", "-uall", "--", str(inventory_dir(inv).relative_to(root))).strip()
     if dirty:
         raise GitError(
             f"the inventory {rel} has uncommitted changes (the trial would measure settings no commit holds): "
