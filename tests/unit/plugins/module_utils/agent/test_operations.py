@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from agent_requests import REQUEST, run_op
 
+from ansible_collections.sglang_ops.fleet.plugins.filter.retune_agent_options import retune_agent_options
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import ops
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
@@ -552,3 +553,15 @@ def test_the_host_requires_the_secrets_file_and_reads_the_rest_when_first_used(t
         host.wait(lambda: True, 0.0)
     with pytest.raises(RequestError, match="'state_dir'"):
         host.state.desired_path("gpu0")
+
+
+def test_the_status_playbooks_inspect_request_is_complete(tmp_path: Path) -> None:
+    """playbooks/status.yml runs retune_phase op=inspect itself: its options (the filter
+    retune_agent_options over the role's values) are every key the agent reads."""
+    host = FakeHost(tmp_path)
+    host.serving(100, "inv-1", {"max_running_requests": 48})
+    install_desired(host, "f1")
+    options = retune_agent_options({"http_timeout": "30", "poll_interval": "0.5", "stall_probe_s": "5"})
+    got = ops.run({"op": "inspect", "instances": [instance()], **options}, host)
+    assert not got.get("failed"), got
+    assert got["instances"]["gpu0"]["running"] is True
