@@ -83,7 +83,7 @@ demo: setup
 	@echo; echo "=== sglang-fleet-ops advise   (the fleet after the advisor's patch)"
 	@$(BIN)/sglang-fleet-ops advise --window 15 --interval 0.5 --out $(DEMO)/sglang-fleet-advice-after.yml
 	@echo; echo "=== predicted and measured throughput, side by side"
-	@$(BIN)/python tools/demo_advice.py compare .sglang-fleet-ops/runs $$(cat $(DEMO)/began)
+	@$(BIN)/python tools/demo_advice.py compare .sglang-fleet-ops/runs $$(cat $(DEMO)/began) $(DEMO)/advised.yml
 	@echo; echo "=== the generation job ran through every retune: its completions so far, each exactly once"
 	@$(BIN)/ansible-playbook playbooks/demo_verify.yml
 

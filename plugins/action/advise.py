@@ -20,10 +20,7 @@ from ansible.utils.display import Display
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import diagnose
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor import prometheus as _prometheus
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.evidence import evidence_from_observation
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (
-    instances_to_measure,
-    share_measurements,
-)
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import pool_measurements
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._capacity.model_facts import JOURNAL_PATTERN
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import BY_NAME, agent_options
 
@@ -94,7 +91,7 @@ class ActionModule(ActionBase):
                     "journal_pattern": JOURNAL_PATTERN,
                     "client_units": list(args["client_units"]),
                     **(
-                        {"measure": {**args["measure_options"], "instances": instances_to_measure(instances)}}
+                        {"measure": {**args["measure_options"], "instances": [str(i["name"]) for i in instances]}}
                         if args["measure"]
                         else {}
                     ),
@@ -116,7 +113,7 @@ class ActionModule(ActionBase):
             out["host_problem"] = f"the observe phase failed: {observed.get('msg')}"
             return out
         by_name = observed.get("instances") or {}
-        share_measurements(instances, by_name)
+        pool_measurements(instances, by_name)
         gpus_by_place = observed.get("containers") or {}
         if prometheus:
             end = time.time()

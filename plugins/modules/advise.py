@@ -106,15 +106,15 @@ options:
     default: pct
   measure:
     description:
-      - Opt in to the stepped measurement after the window, on one instance per set of settings of
-        the host (the others of the set get its figures and keep generating) - the host's
-        generation clients that send to it are drained (nothing new sent there for a few seconds),
-        the instance must then be idle, and the agent keeps its own requests, shaped like the
+      - Opt in to the stepped measurement after the window, on every instance of the host at once.
+        The host's generation clients that send to an instance are drained (nothing new sent there
+        for a few seconds), the instance must then be idle, and the agent keeps its own requests, shaped like the
         window's, at a few concurrencies (shares of the effective max) for a few seconds each while
         sampling C(/metrics); then the clients are resumed. The throughput model fits the
         instance's decode step time against its running requests from those samples where the
-        window did not vary them (C(docs/advisor.md)).
-      - Costs the measured instance its generation for the drain and the steps (about 25 seconds
+        window did not vary them, pooling the samples of the host's alike instances (the same
+        release and settings; only port and GPU differ) for one curve (C(docs/advisor.md)).
+      - Costs each instance its generation for the drain and the steps (about 25 seconds
         by default).
     type: bool
     default: false

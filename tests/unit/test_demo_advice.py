@@ -67,3 +67,39 @@ def test_predicted_and_measured_side_by_side(
     )
     assert line.endswith(words)
     assert demo_advice.compare(runs, 5000.0) == 1
+
+
+def test_a_group_is_held_to_the_prediction_for_the_change_it_got(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo gives every host the first host's block: a host whose own fit ranked another
+    candidate first is compared with its prediction for the applied one, not for its own first."""
+    lazy = {
+        "changes": {"max_mamba_cache_size": [80, 180], "mamba_radix_cache_strategy": ["auto", "extra_buffer_lazy"]},
+        "throughput_factor_expected": 1.55,
+    }
+    no_buffer = {
+        "changes": {"max_mamba_cache_size": [80, 156], "disable_overlap_schedule": [False, True]},
+        "throughput_factor_expected": 2.17,
+    }
+    group = {"label": "b/gpu0", "instances": ["b/gpu0"], "proposal": no_buffer, "alternatives": [lazy]}
+    applied = {"max_mamba_cache_size": 180, "mamba_radix_cache_strategy": "extra_buffer_lazy"}
+    assert demo_advice.applied_candidate(group, applied) is lazy
+    assert demo_advice.applied_candidate(group, None) is no_buffer
+    assert demo_advice.applied_candidate(group, {"max_mamba_cache_size": 200}) is None
+    runs = tmp_path / "runs"
+    for stamp, tput in (("1", 1000.0), ("2", 1500.0)):
+        directory = runs / f"2026120{stamp}T000000Z-advise"
+        directory.mkdir(parents=True)
+        report = {
+            "groups": [group],
+            "instances": [{"host": "b", "name": "gpu0", "stats": {"gen_throughput_mean": tput}}],
+        }
+        (directory / "advice.json").write_text(json.dumps(report))
+        os.utime(directory, (2000.0 + int(stamp), 2000.0 + int(stamp)))
+    extravars = tmp_path / "advised.yml"
+    extravars.write_text(yaml.safe_dump({"sglang_server_host_args": applied}))
+    assert demo_advice.compare(runs, 1000.0, extravars) == 0
+    assert "predicted x1.55 (exponent, for the alternative applied), measured x1.50" in capsys.readouterr().out
+    assert demo_advice.compare(runs, 1000.0) == 1
+    assert "predicted x2.17 (exponent), measured x1.50" in capsys.readouterr().out

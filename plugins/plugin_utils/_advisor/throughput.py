@@ -15,8 +15,10 @@ figure of any GPU or model: both terms are the instance's own.
 
 The terms separate only when ``n`` varied: at least two levels, the highest at least
 ``fit_min_spread`` times the lowest. A window pinned at the effective max shows one level; then
-the stepped measurement (``measure``, opt-in: the instance's own requests at a few concurrencies
-for a few seconds each) gives the levels, and without either the documented exponent
+the stepped measurement (``measure``, opt-in: the agent's own requests at a few concurrencies
+for a few seconds each, on every instance of the host at once) gives the levels, fitted to the
+pooled samples of the host's alike instances (the same release and settings, only their place -
+port, GPU - differs: one curve, several times the samples), and without either the documented exponent
 (``Policy.scaling_exponent``) is the fallback. Every prediction says which it used.
 """
 
@@ -26,6 +28,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.layout import PLACEMENT
 
 WINDOW = "window"
 MEASUREMENT = "measurement"
@@ -61,6 +65,7 @@ class ThroughputModel:
     r2: float | None = None
     max_error: float | None = None  # the largest relative miss of the line at a level
     exponent: float = 0.7
+    instances: int = 1  # the alike instances whose samples the fit pooled
     why: str = ""  # why this method (the fallback's reason, or what the fit saw)
 
     @property
@@ -91,7 +96,9 @@ class ThroughputModel:
         return (
             f"step time {1000 * (self.fixed_s or 0):.1f} ms + {1000 * (self.per_request_s or 0):.2f} ms x running "
             f"({self.accept:.2f} tokens per request and step), fitted to the {self.method}'s "
-            f"{len(self.levels)} levels {low:g}-{high:g} running ({self.points} samples, r2 {self.r2:.3f}, "
+            f"{len(self.levels)} levels {low:g}-{high:g} running"
+            + (f" on {self.instances} alike instances" if self.instances > 1 else "")
+            + f" ({self.points} samples, r2 {self.r2:.3f}, "
             f"largest miss {100 * (self.max_error or 0):.1f}%)"
         )
 
@@ -106,6 +113,7 @@ class ThroughputModel:
                 samples=self.points,
                 r2=round(self.r2 or 0.0, 4),
                 max_error=round(self.max_error or 0.0, 4),
+                instances=self.instances,
             )
         else:
             out["exponent"] = self.exponent
@@ -215,15 +223,21 @@ def instance_model(
     observation: Mapping[str, Any], spec: bool, min_spread: float = 1.5, exponent: float = 0.7, min_r2: float = 0.9
 ) -> ThroughputModel:
     """The model for one instance from observe's result: the window's samples where they separate
-    the terms, else the stepped measurement's (``measure_samples``, when the operator enabled
-    it), else the exponent, saying why."""
+    the terms, else the stepped measurement's (``measure_pool``, the measurements of the host's
+    alike instances from :func:`pool_measurements`, or its own ``measure_samples``, when the
+    operator enabled it), else the exponent, saying why."""
     window = fit_step_time(step_points(observation.get("samples") or [], spec), WINDOW, min_spread, exponent, min_r2)
     if window.fitted:
         return window
-    measured = observation.get("measure_samples")
-    if measured:
-        model = fit_step_time(step_points(measured, spec), MEASUREMENT, min_spread, exponent, min_r2)
+    runs = observation.get("measure_pool") or (
+        [observation["measure_samples"]] if observation.get("measure_samples") else []
+    )
+    if runs:
+        model = fit_step_time(
+            [p for run in runs for p in step_points(run, spec)], MEASUREMENT, min_spread, exponent, min_r2
+        )
         if model.fitted:
+            model.instances = len(runs)
             return model
         window.why += f"; {model.why}"
     elif observation.get("measure_error"):
@@ -233,33 +247,26 @@ def instance_model(
     return window
 
 
-def _same_settings(a: Mapping[str, Any]) -> str:
-    return repr(sorted((a.get("args") or {}).items())) + repr(a.get("version"))
+def alike_key(instance: Mapping[str, Any]) -> str:
+    """What makes instances alike: the release and every launch setting but their place."""
+    args = {k: v for k, v in (instance.get("args") or {}).items() if k not in PLACEMENT}
+    return repr(sorted(args.items())) + repr(instance.get("version"))
 
 
-def instances_to_measure(instances: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One instance per set of settings of a host (the first): the others of the set are alike
-    (the same release and settings), and keep generating while it is measured."""
-    seen: dict[str, str] = {}
+def pool_measurements(instances: Sequence[Mapping[str, Any]], observations: dict[str, dict[str, Any]]) -> None:
+    """Give each measured instance (``measure`` in its observation) the measurements of all the
+    alike instances of the host that gave samples (``measure_pool``, its own among them): alike
+    instances share one step-time curve, and the pooled samples fit it more surely than any one."""
+    sets: dict[str, list[str]] = {}
     for inst in instances:
-        seen.setdefault(_same_settings(inst), str(inst["name"]))
-    return list(seen.values())
-
-
-def share_measurements(instances: Sequence[Mapping[str, Any]], observations: dict[str, dict[str, Any]]) -> None:
-    """Give each instance that was not measured the measurement of the one with its settings."""
-    measured = {
-        _same_settings(i): str(i["name"])
-        for i in instances
-        if (observations.get(str(i["name"])) or {}).get("measure") is not None
-    }
-    for inst in instances:
-        obs = observations.get(str(inst["name"]))
-        source = measured.get(_same_settings(inst))
-        if obs is None or source is None or source == inst["name"] or obs.get("measure") is not None:
+        sets.setdefault(alike_key(inst), []).append(str(inst["name"]))
+    for names in sets.values():
+        observed = [observations[n] for n in names if n in observations]
+        runs = [
+            obs["measure_samples"] for obs in observed if obs.get("measure_samples") and not obs.get("measure_error")
+        ]
+        if not runs:
             continue
-        done = observations[source]
-        for key in ("measure_samples", "measure_error"):
-            if key in done:
-                obs[key] = done[key]
-        obs["measure"] = {**(done.get("measure") or {}), "on": source}
+        for obs in observed:
+            if "measure" in obs or "measure_error" in obs:
+                obs["measure_pool"] = runs

@@ -30,6 +30,9 @@ LAYOUT_OWNED: Mapping[str, str] = {
     "api_key": "sglang_server_api_key (keys are secrets and never go into args)",
     "admin_api_key": "sglang_server_api_key (keys are secrets and never go into args)",
 }
+# The layout's settings that place an instance (where it listens, its first GPU) without changing
+# how it runs: instances alike in everything else run alike.
+PLACEMENT: tuple[str, ...] = ("host", "port", "base_gpu_id")
 # The layout sets tp_size from the GPU list; an equal value in args is harmless, any other is an error.
 TP_SIZE = "tp_size"
 

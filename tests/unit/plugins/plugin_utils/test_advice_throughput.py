@@ -155,30 +155,39 @@ def test_the_predicted_gain_is_within_10_percent_of_what_the_simulator_measured(
     assert prop.throughput_model is not None and prop.throughput_model["method"] == MEASUREMENT
 
 
-def test_one_instance_per_set_of_settings_is_measured_and_lends_its_figures() -> None:
+def test_the_alike_instances_of_a_host_pool_their_measurements() -> None:
+    """Alike instances (the same release and settings; only port and GPU differ, as the layout
+    writes them) share one curve: each is fitted to all their measurements, so that one noisy
+    measurement (alone not a straight line) no longer sends its instance to the exponent; an
+    instance of other settings keeps its own; a failed one gets its alike instances' figures."""
     from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._advisor.throughput import (  # noqa: PLC0415
-        instances_to_measure,
-        share_measurements,
+        pool_measurements,
     )
 
-    first = {"max_mamba_cache_size": 80}
-    instances = [
-        {"name": "gpu0", "version": "0.5.23", "args": first},
-        {"name": "gpu1", "version": "0.5.23", "args": dict(first)},
-        {"name": "gpu2", "version": "0.5.23", "args": {"max_mamba_cache_size": 200}},
-    ]
-    assert instances_to_measure(instances) == ["gpu0", "gpu2"]
-    stepped = samples_at([(4, 4 / 0.024, 3), (8, 8 / 0.028, 3), (16, 16 / 0.036, 3)])
+    def inst(name: str, port: int, slots: int = 80) -> dict[str, Any]:
+        args = {"max_mamba_cache_size": slots, "host": "0.0.0.0", "port": port, "base_gpu_id": 0}
+        return {"name": name, "version": "0.5.23", "port": port, "args": args}
+
+    instances = [inst("gpu0", 30000), inst("gpu1", 30001), inst("gpu2", 30002), inst("gpu3", 30003, slots=200)]
+    clean = samples_at([(4, 4 / 0.024, 8), (8, 8 / 0.028, 8), (16, 16 / 0.036, 8)])
+    # 4 and 8 running at one step time: alone, not a straight line (r2 under 0.9).
+    noisy = samples_at([(4, 4 / 0.0249, 8), (8, 8 / 0.0249, 8), (16, 16 / 0.0372, 8)])
+    assert instance_model({"samples": [], "measure_samples": noisy}, spec=False).method == EXPONENT
     observations: dict[str, dict[str, Any]] = {
-        "gpu0": {"measure": {"levels": [4, 8, 16]}, "measure_samples": stepped},
-        "gpu1": {},
-        "gpu2": {"measure": {"levels": [4, 8, 16]}, "measure_error": "the instance still ran 3 requests"},
+        "gpu0": {"measure": {}, "measure_samples": clean},
+        "gpu1": {"measure": {}, "measure_samples": noisy},
+        "gpu2": {"measure": {}, "measure_samples": [], "measure_error": "the instance still ran 3 requests"},
+        "gpu3": {"measure": {}, "measure_samples": noisy},
     }
-    share_measurements(instances, observations)
-    assert observations["gpu1"]["measure"] == {"levels": [4, 8, 16], "on": "gpu0"}
-    assert observations["gpu1"]["measure_samples"] is stepped
-    assert instance_model(observations["gpu1"], spec=False).method == MEASUREMENT
-    assert "measure_samples" not in observations["gpu2"]
+    pool_measurements(instances, observations)
+    assert observations["gpu1"]["measure_pool"] == [clean, noisy]
+    pooled = instance_model(observations["gpu1"], spec=False)
+    assert pooled.method == MEASUREMENT and pooled.instances == 2 and pooled.points == 42
+    assert "on 2 alike instances (42 samples" in pooled.words()
+    assert pooled.to_dict()["instances"] == 2
+    assert instance_model(observations["gpu2"], spec=False).method == MEASUREMENT
+    assert observations["gpu3"]["measure_pool"] == [noisy]
+    assert instance_model(observations["gpu3"], spec=False).method == EXPONENT
 
 
 def test_the_compute_bound_scenario_gets_no_proposal_to_predict() -> None:
