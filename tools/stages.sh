@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Run `make <stage>` for each stage given, keep going after a failure (except set-up, which the
 # others need), and end with what failed and one summary line per stage with its wall time (and
-# one per Molecule scenario).
+# one per Molecule scenario). Stages joined by "+" (lint+unit) run at once: on two cores the
+# unit tests' waits leave room for the linters; each one's output is printed whole when it ends,
+# so the log reads as if they had run in turn, and the summary gives each its own wall time and
+# the group's.
 #
 # Each stage's output goes to the terminal and to $STAGES_LOG_DIR/<stage>.log (default
 # .cache/stages). A failed stage's last lines (pytest's short summary, Molecule's failing task)
 # are repeated just above the summary, so the end of a long CI log says what went wrong.
 # Exit status: non-zero if any stage failed.
+# Usage: tools/stages.sh STAGE[+STAGE...] ...
 set -u
 log_dir=${STAGES_LOG_DIR:-.cache/stages}
 tail_lines=${STAGES_TAIL_LINES:-25}
@@ -15,19 +19,57 @@ results=()
 failed=()
 status=0
 total_start=$(date +%s)
-for stage in "$@"; do
-  echo
-  echo "=== stage: $stage ==="
+# record STAGE RC SECS: the stage's outcome and its line in the summary.
+record() {
+  local outcome=ok
+  if [ "$2" != 0 ]; then outcome=FAILED; status=1; failed+=("$1"); fi
+  results+=("$(printf '%-10s %-7s %4dm%02ds' "$1" "$outcome" $(($3 / 60)) $(($3 % 60)))")
+}
+for group in "$@"; do
+  IFS=+ read -r -a stages <<<"$group"
   start=$(date +%s)
-  log="$log_dir/$stage.log"
-  make --no-print-directory "$stage" 2>&1 | tee "$log"
-  if [ "${PIPESTATUS[0]}" = 0 ]; then outcome=ok; else outcome=FAILED; status=1; failed+=("$stage"); fi
-  secs=$(( $(date +%s) - start ))
-  results+=("$(printf '%-10s %-7s %4dm%02ds' "$stage" "$outcome" $((secs / 60)) $((secs % 60)))")
-  if [ "$stage" = setup ] && [ "$outcome" = FAILED ]; then
-    results+=("(later stages not run: set-up failed)")
-    break
+  if [ ${#stages[@]} = 1 ]; then
+    stage=${stages[0]}
+    echo
+    echo "=== stage: $stage ==="
+    make --no-print-directory "$stage" 2>&1 | tee "$log_dir/$stage.log"
+    record "$stage" "${PIPESTATUS[0]}" $(( $(date +%s) - start ))
+    if [ "$stage" = setup ] && [ "$status" != 0 ]; then
+      results+=("(later stages not run: set-up failed)")
+      break
+    fi
+    continue
   fi
+  echo
+  echo "=== stages at once: ${stages[*]} (each printed whole when it ends) ==="
+  failed_before=${#failed[@]}
+  declare -A pids=()
+  for stage in "${stages[@]}"; do
+    # Each writes its rc and wall time beside its log; the parent prints them in the order they end.
+    ( s0=$(date +%s)
+      make --no-print-directory "$stage" >"$log_dir/$stage.log" 2>&1
+      echo "$? $(( $(date +%s) - s0 ))" >"$log_dir/$stage.rc" ) &
+    pids[$stage]=$!
+  done
+  left=("${stages[@]}")
+  while [ ${#left[@]} -gt 0 ]; do
+    wait -n "${pids[@]}" 2>/dev/null || true
+    still=()
+    for stage in "${left[@]}"; do
+      if kill -0 "${pids[$stage]}" 2>/dev/null; then still+=("$stage"); continue; fi
+      wait "${pids[$stage]}" 2>/dev/null || true
+      echo
+      echo "=== stage: $stage ==="
+      cat "$log_dir/$stage.log"
+      read -r rc secs <"$log_dir/$stage.rc" 2>/dev/null || { rc=1; secs=$(( $(date +%s) - start )); }
+      rm -f "$log_dir/$stage.rc"
+      record "$stage" "$rc" "$secs"
+    done
+    left=("${still[@]+"${still[@]}"}")
+  done
+  unset pids
+  secs=$(( $(date +%s) - start ))
+  results+=("$(printf '%-10s %-7s %4dm%02ds  (at once)' "$group" "$([ ${#failed[@]} = "$failed_before" ] && echo ok || echo FAILED)" $((secs / 60)) $((secs % 60)))")
 done
 total=$(( $(date +%s) - total_start ))
 for stage in "${failed[@]+"${failed[@]}"}"; do
