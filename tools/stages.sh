@@ -19,11 +19,15 @@ results=()
 failed=()
 status=0
 total_start=$(date +%s)
+# line NAME OUTCOME SECS [NOTE]: a line of the summary.
+line() {
+  results+=("$(printf '%-10s %-7s %4dm%02ds%s' "$1" "$2" $(($3 / 60)) $(($3 % 60)) "${4:+  $4}")")
+}
 # record STAGE RC SECS: the stage's outcome and its line in the summary.
 record() {
   local outcome=ok
   if [ "$2" != 0 ]; then outcome=FAILED; status=1; failed+=("$1"); fi
-  results+=("$(printf '%-10s %-7s %4dm%02ds' "$1" "$outcome" $(($3 / 60)) $(($3 % 60)))")
+  line "$1" "$outcome" "$3"
 }
 for group in "$@"; do
   IFS=+ read -r -a stages <<<"$group"
@@ -33,8 +37,9 @@ for group in "$@"; do
     echo
     echo "=== stage: $stage ==="
     make --no-print-directory "$stage" 2>&1 | tee "$log_dir/$stage.log"
-    record "$stage" "${PIPESTATUS[0]}" $(( $(date +%s) - start ))
-    if [ "$stage" = setup ] && [ "$status" != 0 ]; then
+    rc=${PIPESTATUS[0]}
+    record "$stage" "$rc" $(( $(date +%s) - start ))
+    if [ "$stage" = setup ] && [ "$rc" != 0 ]; then
       results+=("(later stages not run: set-up failed)")
       break
     fi
@@ -43,33 +48,21 @@ for group in "$@"; do
   echo
   echo "=== stages at once: ${stages[*]} (each printed whole when it ends) ==="
   failed_before=${#failed[@]}
-  declare -A pids=()
   for stage in "${stages[@]}"; do
-    # Each writes its rc and wall time beside its log; the parent prints them in the order they end.
+    # As tools/molecule.sh prints its scenarios: each stage's log whole when it ends, one at a
+    # time under a lock; its exit status and wall time beside the log, for the summary.
     ( s0=$(date +%s)
       make --no-print-directory "$stage" >"$log_dir/$stage.log" 2>&1
-      echo "$? $(( $(date +%s) - s0 ))" >"$log_dir/$stage.rc" ) &
-    pids[$stage]=$!
+      echo "$? $(( $(date +%s) - s0 ))" >"$log_dir/$stage.rc"
+      { flock 9; echo; echo "=== stage: $stage ==="; cat "$log_dir/$stage.log"; } 9>"$log_dir/.print.lock" ) &
   done
-  left=("${stages[@]}")
-  while [ ${#left[@]} -gt 0 ]; do
-    wait -n "${pids[@]}" 2>/dev/null || true
-    still=()
-    for stage in "${left[@]}"; do
-      if kill -0 "${pids[$stage]}" 2>/dev/null; then still+=("$stage"); continue; fi
-      wait "${pids[$stage]}" 2>/dev/null || true
-      echo
-      echo "=== stage: $stage ==="
-      cat "$log_dir/$stage.log"
-      read -r rc secs <"$log_dir/$stage.rc" 2>/dev/null || { rc=1; secs=$(( $(date +%s) - start )); }
-      rm -f "$log_dir/$stage.rc"
-      record "$stage" "$rc" "$secs"
-    done
-    left=("${still[@]+"${still[@]}"}")
+  wait
+  for stage in "${stages[@]}"; do
+    read -r rc secs <"$log_dir/$stage.rc" || rc=1 secs=0
+    rm -f "$log_dir/$stage.rc"
+    record "$stage" "$rc" "$secs"
   done
-  unset pids
-  secs=$(( $(date +%s) - start ))
-  results+=("$(printf '%-10s %-7s %4dm%02ds  (at once)' "$group" "$([ ${#failed[@]} = "$failed_before" ] && echo ok || echo FAILED)" $((secs / 60)) $((secs % 60)))")
+  line "$group" "$([ ${#failed[@]} = "$failed_before" ] && echo ok || echo FAILED)" $(( $(date +%s) - start )) "(at once)"
 done
 total=$(( $(date +%s) - total_start ))
 for stage in "${failed[@]+"${failed[@]}"}"; do
