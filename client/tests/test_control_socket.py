@@ -113,6 +113,8 @@ def test_hello_bad_requests_permissions_and_removal_at_exit(tmp_path: Path) -> N
                 ({"v": 1, "op": "drain", "endpoints": [srv.url], "timeout": 1}, None, "lease"),
                 ({"v": 1, "op": "drain", "endpoints": [srv.url], "timeout": 9, "lease": 5}, None, "longer than"),
                 ({"v": 1, "op": "resume", "endpoints": [srv.url], "by": 7}, None, "by must be"),
+                ({"v": 1, "op": "resume", "endpoints": [srv.url], "api_key": 7}, None, "api_key must be"),
+                ({"v": 1, "op": "resume", "endpoints": [srv.url], "confirm": -1}, None, "confirm must be"),
             ]
             for req, raw, words in bad:
                 reply = ask(sock, req, raw=raw)
@@ -187,7 +189,10 @@ def test_drain_waits_for_requests_in_flight_then_resume_reads_the_new_capacity(t
             with ThreadedFakeServer(Behaviour(capacity=6, delay=0.02), port=port) as a2:
                 assert a2.server is not None
                 reply = ask(sock, {"v": 1, "op": "resume", "endpoints": [a.url + "/"], "by": "retune wave 1"})
+                service = reply.pop("service")
                 assert reply == {"ok": True, "resumed": [a.url], "capacity": {a.url: 6}, "unknown": []}
+                # Not asked to confirm: its word at once (no completion yet, nothing failed).
+                assert service[a.url]["in_service"] is True and service[a.url]["state"] == "up"
                 wait_for(lambda: a2.server.requests > 10, what="A used again")  # type: ignore[union-attr]
                 assert proc.wait(60) == 0
             assert a.server.requests == seen_a
@@ -214,6 +219,105 @@ def test_drain_waits_for_requests_in_flight_then_resume_reads_the_new_capacity(t
         assert mine[-3:] == [("drained", 4), ("capacity", 6), ("resumed", 6)]
         assert ("up", 4) in mine
         assert [e["event"] for e in events if e.get("url") == b.url] == ["capacity", "up"]
+
+
+def test_a_server_relaunched_with_a_key_is_confirmed_lost_then_back_with_the_key(tmp_path: Path) -> None:
+    """A wave whose server comes back requiring an API key the client lacks: /health answers (SGLang
+    exempts it), so only the client's word after the resume tells that the endpoint is out of
+    service, and why. The key handed over with a second resume brings it back, on that endpoint
+    alone; nothing is lost or doubled."""
+    secret = "sk-rotated-7731"
+    with (
+        ThreadedFakeServer(Behaviour(capacity=4, delay=0.05)) as a,
+        ThreadedFakeServer(Behaviour(capacity=4, delay=0.05)) as b,
+    ):
+        assert a.server is not None and b.server is not None
+        p = write_prompts(tmp_path / "p.jsonl", 600)
+        out = tmp_path / "out"
+        proc, sock = start(tmp_path, p, a.url, b.url)
+        try:
+            wait_for(lambda: a.server.requests > 5, what="A generating")  # type: ignore[union-attr]
+            assert drain(sock, a.url)["ok"] is True
+            port = a.server.port
+            a.stop()
+            with ThreadedFakeServer(Behaviour(capacity=4, delay=0.05, api_key=secret), port=port) as a2:
+                assert a2.server is not None
+                reply = ask(sock, {"v": 1, "op": "resume", "endpoints": [a.url], "by": "wave 1", "confirm": 5})
+                word = reply["service"][a.url]
+                assert reply["capacity"] == {a.url: None}
+                assert word["in_service"] is False and word["state"] == "disabled", word
+                assert "taken out of service: HTTP 401 (API key rejected)" in word["why"]
+                assert word["waited_s"] < 5  # decided at once, not at the bound
+                seen_b = b.server.requests
+                wait_for(lambda: b.server.requests > seen_b + 20, what="B generating")  # type: ignore[union-attr]
+                # The retune hands the new key over with the resume: A is back, B untouched.
+                assert drain(sock, a.url)["ok"] is True
+                reply = ask(
+                    sock,
+                    {"v": 1, "op": "resume", "endpoints": [a.url], "by": "wave 1", "confirm": 10, "api_key": secret},
+                )
+                word = reply["service"][a.url]
+                assert word["in_service"] is True and word["completed"] > 0, word
+                assert word["why"].startswith("completed") and reply["capacity"] == {a.url: 4}
+                assert proc.wait(60) == 0
+                assert a2.server.requests > 0
+        finally:
+            stop_process(proc)
+        exactly_once(p, out, 600)
+        log = (tmp_path / "log").read_text()
+        assert secret not in log and "NOT back in service" in log and "a new API key was handed over" in log
+        failures = out / "failures" / "failures-00000-of-00001.jsonl"
+        assert not failures.exists() or not failures.read_text().strip()
+
+
+def test_confirm_waits_for_a_completion_and_names_failures(tmp_path: Path) -> None:
+    """The word after a resume, per endpoint: back once it completed a request; an endpoint whose
+    requests only fail since is named with the client's own reason of the last failure."""
+    with (
+        ThreadedFakeServer(Behaviour(capacity=4, delay=0.2)) as a,
+        ThreadedFakeServer(Behaviour(capacity=4, delay=0.05)) as b,
+    ):
+        assert a.server is not None and b.server is not None
+        p = write_prompts(tmp_path / "p.jsonl", 800)
+        proc, sock = start(tmp_path, p, a.url, b.url)
+        try:
+            wait_for(lambda: a.server.requests > 5, what="A generating")  # type: ignore[union-attr]
+            assert drain(sock, a.url)["ok"] is True
+            reply = ask(sock, {"v": 1, "op": "resume", "endpoints": [a.url], "by": "wave 1", "confirm": 10})
+            word = reply["service"][a.url]
+            assert word["in_service"] is True and word["completed"] >= 1 and 0.15 < word["waited_s"] < 10, word
+            # B now answers every generation with HTTP 429 (requeued): no completion, only failures.
+            assert drain(sock, b.url)["ok"] is True
+            b.behaviour.fail_all = 429
+            reply = ask(sock, {"v": 1, "op": "resume", "endpoints": [b.url], "by": "wave 2", "confirm": 1.5})
+            word = reply["service"][b.url]
+            assert word["in_service"] is False and word["completed"] == 0 and word["failed"] > 0, word
+            assert "failed since, none completed: HTTP 429" in word["why"]
+            b.behaviour.fail_all = None
+        finally:
+            stop_process(proc)
+
+
+def test_a_client_that_stops_on_the_resumed_endpoints_failures_says_so_before_it_exits(tmp_path: Path) -> None:
+    """The resumed server refuses every prompt (HTTP 400): the run ends on too many failures in a
+    row while the resume waits for its word, and the answer names that, not silence."""
+    with ThreadedFakeServer(Behaviour(capacity=4, delay=0.05)) as a:
+        assert a.server is not None
+        p = write_prompts(tmp_path / "p.jsonl", 3000)
+        proc, sock = start(tmp_path, p, a.url)
+        try:
+            wait_for(lambda: a.server.requests > 5, what="A generating")  # type: ignore[union-attr]
+            assert drain(sock, a.url)["ok"] is True
+            port = a.server.port
+            a.stop()
+            with ThreadedFakeServer(Behaviour(capacity=4, fail_all=400), port=port):
+                reply = ask(sock, {"v": 1, "op": "resume", "endpoints": [a.url], "by": "wave 1", "confirm": 30})
+                word = reply["service"][a.url]
+                assert word["in_service"] is False and word["waited_s"] < 30, word
+                assert word["why"].startswith("the client stops: 50 prompts failed in a row (last: HTTP 400")
+                assert proc.wait(30) == 4
+        finally:
+            stop_process(proc)
 
 
 def test_drain_deadline_abandons_a_slow_request_which_completes_elsewhere_once(tmp_path: Path) -> None:

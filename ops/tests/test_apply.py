@@ -104,6 +104,17 @@ def test_a_second_apply_fails_with_4_naming_the_holder(rec: Any, project: Path) 
     assert result["exit"] == 4 and result["touched"] is False
 
 
+def test_the_clients_lines_of_each_host_are_in_the_summary(rec: Any, project: Path) -> None:
+    evts = rec.events("apply_events")
+    retune = rec.find(evts, "gpu-a", TASK_RETUNE)
+    note = "client sglang-fleet-generate.service: drained per wave, never stopped (gpu1: 0.4 s, 0 abandoned)"
+    retune["event_data"]["res"]["notes"] = [note]
+    code, out, err, _ = run_cli(rec, project, ["apply"], rec.run_of(evts, ident="apply"))
+    assert code == 0, err
+    assert summary(out)["hosts"]["gpu-a"]["notes"] == [note]
+    assert f"### Generation clients and notes\n\n- gpu-a: {note}" in out
+
+
 def test_a_rolled_back_instance_fails_the_apply(rec: Any, project: Path) -> None:
     evts = rec.events("apply_events")
     retune = rec.find(evts, "gpu-a", TASK_RETUNE)

@@ -86,6 +86,8 @@ def _check_args(args: dict[str, Any]) -> list[str]:
     ):
         if args[key] <= 0:
             problems.append(f"{key} must be > 0")
+    if args["client_confirm_timeout"] < 0:
+        problems.append("client_confirm_timeout must be >= 0 (0: the client's word at once, without waiting)")
     if args["wave_size"] < 0:
         problems.append("wave_size must be >= 0 (0: all remaining instances in one wave)")
     if args["smoke_requests"] < 0:

@@ -157,6 +157,15 @@ options:
         resumes by itself, should the retune die) is derived from this and the wave's deadlines.
     type: float
     default: 120
+  client_confirm_timeout:
+    description:
+      - Seconds a drained generation client is given, after a wave's endpoints are handed back to
+        it, to say that each is back in service - it completed a request there, or, at the bound,
+        it sends there and nothing failed. An endpoint it took out of service (an API key or path
+        refused), that is down, or whose requests only failed fails the host with the client's own
+        reason, and the next wave does not start.
+    type: float
+    default: 60
   nvidia_smi:
     description: The nvidia-smi command on the host (or inside the container).
     type: str

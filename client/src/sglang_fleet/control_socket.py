@@ -15,9 +15,18 @@ client closes. Every request carries ``"v": 1``; anything else is answered ``{"o
   ``timeout``, when the requests still open are abandoned (cancelled, their prompts requeued for the
   other endpoints). The drain lapses by itself ``lease`` seconds after the request unless a resume
   or another drain of the endpoint comes first.
-- ``{"v":1,"op":"resume","endpoints":[url...]}``: lifts the drain; each endpoint's ``/health`` and
-  ``/server_info`` are read again (for at most ``RESUME_TIMEOUT_S``; an endpoint that does not answer
-  goes down and is probed as usual) before the answer, which gives the concurrency limit in force.
+- ``{"v":1,"op":"resume","endpoints":[url...],"api_key":key,"confirm":s}``: lifts the drain; each
+  endpoint's ``/health`` and ``/server_info`` are read again (for at most ``RESUME_TIMEOUT_S``; an
+  endpoint that does not answer goes down and is probed as usual; one whose server refuses the API
+  key is taken out of service) before the answer, which gives the concurrency limit in force
+  (``capacity``) and, per endpoint, whether it is back in service (``service``). ``api_key``
+  (optional; "" for none) is the key to send to those endpoints from now on: a retune that relaunched
+  their servers with another key hands it over here (it is never logged nor answered back).
+  ``confirm`` (optional, seconds, default 0) waits up to that long for each endpoint to complete a
+  request again: ``service[url]`` says ``in_service`` true once one completed, or at the bound when it
+  is usable and none of its requests failed since (slow generations, or nothing left to send), and
+  false with the client's own reason (``why``) when it was taken out of service, is down or stalled,
+  or only failed since the resume.
 
 The socket is made with mode 0600 (in a directory made 0750 if missing) and removed at exit. A socket
 file nobody listens on (a killed client's) is replaced; one another process listens on is an error.
@@ -47,7 +56,50 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 _MAX_REQUEST_BYTES = 1 << 16
 _READ_TIMEOUT_S = 10.0
+_CONFIRM_POLL_S = 0.1
+# How long a closing socket lets the requests being answered finish (a resume's word: a few polls).
+_CLOSE_GRACE_S = 1.0
+# Run states in which the client sends nothing more (RunControl.state).
+_ENDING = ("finishing", "draining", "stopped", "done")
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path less its terminating NUL (Linux)
+
+
+def service_verdict(
+    ep: Endpoint, completed: int, failed: int, control: RunControl, at_bound: bool
+) -> dict[str, Any] | None:
+    """Is ``ep`` back in service since its resume (when it had ``completed`` completions and
+    ``failed`` failed attempts)? None: not decided yet (before the bound)."""
+    done = ep.completed - completed
+    errors = sum(ep.errors.values()) - failed
+    word = {"state": ep.state, "completed": done, "failed": errors, "in_flight": ep.in_flight}
+    if ep.state == "disabled":
+        return {**word, "in_service": False, "why": f"taken out of service: {ep.disabled_reason}"}
+    if control.fatal is not None:
+        # The run ends on an error (every prompt failing in a row, no endpoint left): whatever this
+        # endpoint did, the client does not go on.
+        return {**word, "in_service": False, "why": f"the client stops: {control.fatal}"}
+    if done > 0 and ep.usable:
+        return {**word, "in_service": True, "why": f"completed {done} request(s) again"}
+    if control.state in _ENDING or control.stop.is_set():
+        # It sends nothing more anywhere (finished, or asked to stop): only a failure here counts.
+        if errors and not done:
+            return {
+                **word,
+                "in_service": False,
+                "why": f"{errors} request(s) failed since, none completed: {ep.last_error}",
+            }
+        return {**word, "in_service": ep.usable or ep.drained, "why": f"the client is stopping ({control.state})"}
+    if not at_bound:
+        return None
+    if not ep.usable:
+        return {**word, "in_service": False, "why": f"{ep.state}: {ep.state_reason or 'no reason given'}"}
+    if errors:
+        return {
+            **word,
+            "in_service": False,
+            "why": f"{errors} request(s) failed since, none completed: {ep.last_error}",
+        }
+    return {**word, "in_service": True, "why": f"up, {ep.in_flight} request(s) in flight, none failed"}
 
 
 class ControlSocketError(Exception):
@@ -155,6 +207,13 @@ def _urls(req: dict[str, Any]) -> list[str]:
     return urls
 
 
+def _api_key(req: dict[str, Any]) -> str | None:
+    key = req.get("api_key")
+    if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n")):
+        raise _BadRequest("api_key must be a string of one line")
+    return key
+
+
 def _by(req: dict[str, Any]) -> str:
     by = req.get("by", "")
     if not isinstance(by, str):
@@ -192,10 +251,14 @@ class ControlServer:
         log.info("control socket %s (protocol v%d)", self.path, PROTOCOL_VERSION)
 
     async def close(self) -> None:
-        """Stop answering, end the requests being answered, and remove the socket (if still ours)."""
+        """Stop answering, end the requests being answered, and remove the socket (if still ours).
+        A request being answered is given a moment first: a resume's word on its endpoints sees the
+        run end and answers why, rather than leaving its asker with no answer."""
         if self._server is None:
             return
         self._server.close()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=_CLOSE_GRACE_S)
         for t in list(self._handlers):
             t.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
@@ -333,12 +396,21 @@ class ControlServer:
     async def _resume(self, req: dict[str, Any]) -> dict[str, Any]:
         urls = _urls(req)
         by = _by(req)
+        api_key = _api_key(req)
+        confirm = _number(req, "confirm", positive=False) if "confirm" in req else 0.0
         eps, unknown = self._resolve(urls)
         names = " ".join(ep.url for ep in eps) or "no endpoint"
-        log.info("resume of %s asked by %s: reading their /server_info", names, by)
+        log.info(
+            "resume of %s asked by %s: reading their /server_info%s",
+            names,
+            by,
+            "" if api_key is None else " with the API key handed over",
+        )
         if unknown:
             log.warning("resume asked by %s names endpoints this client does not have: %s", by, " ".join(unknown))
-        limits = await asyncio.gather(*(ep.resume(self.resume_timeout) for ep in eps))
+        since = {ep: (ep.completed, sum(ep.errors.values())) for ep in eps}
+        t0 = time.monotonic()
+        limits = await asyncio.gather(*(ep.resume(self.resume_timeout, api_key) for ep in eps))
         capacity = {ep.url: limit for ep, limit in zip(eps, limits, strict=True)}
         log.info(
             "resumed %s for %s: %s",
@@ -347,4 +419,33 @@ class ControlServer:
             ", ".join(f"{u} {'concurrency ' + str(c) if c is not None else 'not ready'}" for u, c in capacity.items())
             or "nothing",
         )
-        return {"ok": True, "resumed": [ep.url for ep in eps], "capacity": capacity, "unknown": unknown}
+        service = await self._confirm(since, t0, confirm)
+        lost = [f"{url} ({v['why']})" for url, v in service.items() if not v["in_service"]]
+        if lost:
+            log.warning("after the resume asked by %s, NOT back in service: %s", by, "; ".join(lost))
+        return {
+            "ok": True,
+            "resumed": [ep.url for ep in eps],
+            "capacity": capacity,
+            "service": service,
+            "unknown": unknown,
+        }
+
+    async def _confirm(
+        self, since: dict[Endpoint, tuple[int, int]], t0: float, confirm: float
+    ) -> dict[str, dict[str, Any]]:
+        """Each resumed endpoint's word, waiting up to ``confirm`` seconds for it (see the module's
+        docstring): it completed a request again, or, at the bound, it is usable and nothing it was
+        sent since failed; else why not."""
+        deadline = time.monotonic() + confirm
+        verdicts: dict[Endpoint, dict[str, Any]] = {}
+        while True:
+            at_bound = time.monotonic() >= deadline
+            for ep, (completed, failed) in since.items():
+                if ep not in verdicts:
+                    verdict = service_verdict(ep, completed, failed, self.control, at_bound)
+                    if verdict is not None:
+                        verdicts[ep] = {**verdict, "waited_s": round(time.monotonic() - t0, 3)}
+            if len(verdicts) == len(since):
+                return {ep.url: verdicts[ep] for ep in since}
+            await asyncio.sleep(min(_CONFIRM_POLL_S, max(0.0, deadline - time.monotonic())))

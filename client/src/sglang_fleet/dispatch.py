@@ -52,6 +52,7 @@ class Dispatcher:
         rotate: Callable[[], None],
     ) -> None:
         self.cfg = cfg
+        # Each endpoint sends its own copy (a retune may hand one endpoint a new API key).
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -103,6 +104,9 @@ class Dispatcher:
                     continue  # drained (or resumed) while probed: that decides
                 if ok:
                     await ep.refresh_capacity()
+                    if ep.key_rejected is not None:
+                        ep.disable(ep.key_rejected)
+                        continue
                     ep.mark_up()
                     log.info("%s: up, concurrency %d", ep.url, ep.limiter.limit)
                 elif "API key" in reason:
@@ -133,8 +137,10 @@ class Dispatcher:
         control = self.control
         while not control.stop.is_set():
             if not ep.usable:
+                # A disabled endpoint (its server refused the API key, or the path) waits too: a
+                # retune that hands it a new key brings it back; none left usable ends the run.
                 if ep.state == "disabled":
-                    return
+                    self._fail_if_all_disabled("every endpoint refused the requests")
                 await ep.wait_up()
                 continue
             if control.paused:
@@ -239,7 +245,7 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout):
                 resp = await ep.pool.request(
-                    "POST", self.builder.path, body=self.builder.probe_body(), headers=self._headers
+                    "POST", self.builder.path, body=self.builder.probe_body(), headers=ep.headers
                 )
         except TimeoutError:
             return False, f"a one-token generation did not finish within {timeout:.1f}s"
@@ -259,7 +265,7 @@ class Dispatcher:
         try:
             try:
                 async with asyncio.timeout(self.cfg.request_timeout):
-                    resp = await ep.pool.request("POST", self.builder.path, body=body, headers=self._headers)
+                    resp = await ep.pool.request("POST", self.builder.path, body=body, headers=ep.headers)
             except TimeoutError:
                 raise AttemptError(Kind.RETRY, f"no answer within {self.cfg.request_timeout:g}s") from None
             except (ConnectError, ConnectionLost) as e:
@@ -316,6 +322,7 @@ class Dispatcher:
 
     def _on_error(self, ep: Endpoint, item: WorkItem, err: AttemptError) -> None:
         ep.errors[err.kind.value] += 1
+        ep.last_error = err.reason
         self.stats.errors[err.kind.value] += 1
         item.last_error = err.reason
         cfg = self.cfg
@@ -338,15 +345,7 @@ class Dispatcher:
         elif err.kind is Kind.ENDPOINT:
             ep.disable(err.reason)
             self.work.requeue(item, 0.0)
-            if all(e.state == "disabled" for e in self.endpoints):
-                self.control.fail(
-                    FatalError(
-                        "every endpoint refused the requests: "
-                        + "; ".join(f"{e.url}: {e.disabled_reason}" for e in self.endpoints),
-                        EXIT_ENDPOINTS,
-                    ),
-                    "no usable endpoint",
-                )
+            self._fail_if_all_disabled("every endpoint refused the requests")
             return
         item.attempts += 1
         if err.kind is Kind.RETRY and item.attempts < cfg.max_attempts:
@@ -355,6 +354,17 @@ class Dispatcher:
             self.work.requeue(item, self._retry.delay(item.attempts))
             return
         self._record_failure(ep, item, err)
+
+    def _fail_if_all_disabled(self, words: str) -> None:
+        """End the run (exit 3) once every endpoint is out of service, naming each one's reason."""
+        if self.control.fatal is None and all(e.state == "disabled" for e in self.endpoints):
+            self.control.fail(
+                FatalError(
+                    f"{words}: " + "; ".join(f"{e.url}: {e.disabled_reason}" for e in self.endpoints),
+                    EXIT_ENDPOINTS,
+                ),
+                "no usable endpoint",
+            )
 
     def _record_failure(self, ep: Endpoint, item: WorkItem, err: AttemptError) -> None:
         record = {

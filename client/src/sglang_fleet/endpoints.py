@@ -102,6 +102,12 @@ class AdjustableLimiter:
                 fut.set_result(None)
 
 
+def key_rejection(status: int) -> str:
+    """The reason given for a server that refuses this client's API key (the words "API key" mark
+    it: such an endpoint is taken out of service, not probed again, until a new key comes)."""
+    return f"HTTP {status} (API key rejected)"
+
+
 def capacity_from_server_info(info: Any) -> int | None:
     """Requests the server runs at once: ``internal_states[0].effective_max_running_requests_per_dp``
     times ``dp_size`` (SGLang); older servers report ``max_running_requests`` instead."""
@@ -137,7 +143,9 @@ class Endpoint:
     ) -> None:
         self.url = url
         self.pool = HTTPPool(url, connect_timeout=connect_timeout)
-        self._headers = headers
+        # Its own copy: a retune that relaunches this server with another API key hands the new key
+        # to this endpoint alone (set_api_key), while the others still run with the old one.
+        self.headers = dict(headers)
         self.override = override
         self.factor = factor
         self.default_concurrency = default_concurrency
@@ -153,8 +161,11 @@ class Endpoint:
         self.peak_in_flight = 0  # since the last change of the concurrency limit
         self.completed = 0
         self.errors: collections.Counter[str] = collections.Counter()
+        self.last_error = ""  # the reason of the last failed attempt here
         self.down_since: float | None = None
         self.relaunches_seen = 0
+        # Why the server refused this client's API key at its last /server_info read; None if not.
+        self.key_rejected: str | None = None
         # Completions (stall.py): recent latencies, the last completion, and the start of the
         # current silence (a completion, the endpoint coming up, or its first request after idling).
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCIES_KEPT)
@@ -274,15 +285,15 @@ class Endpoint:
         """Ready to serve? ``(False, reason)`` when not."""
         try:
             async with asyncio.timeout(timeout):
-                resp = await self.pool.request("GET", "/health", headers=self._headers)
+                resp = await self.pool.request("GET", "/health", headers=self.headers)
                 if resp.status == 404:  # servers without /health: ask for the model list instead
-                    resp = await self.pool.request("GET", "/v1/models", headers=self._headers)
+                    resp = await self.pool.request("GET", "/v1/models", headers=self.headers)
         except TimeoutError:
             return False, "health check timed out"
         except HTTPError as e:
             return False, str(e)
         if resp.status in (401, 403):
-            return False, f"HTTP {resp.status} (API key rejected)"
+            return False, key_rejection(resp.status)
         if resp.status != 200:
             return False, f"health: HTTP {resp.status}"
         return True, "ok"
@@ -293,13 +304,20 @@ class Endpoint:
         try:
             async with asyncio.timeout(timeout):
                 for path in ("/server_info", "/get_server_info"):
-                    resp = await self.pool.request("GET", path, headers=self._headers)
+                    resp = await self.pool.request("GET", path, headers=self.headers)
+                    if resp.status in (401, 403):
+                        # SGLang exempts /health from its API key, not /server_info: a server that
+                        # answers /health may still refuse every request of this client.
+                        self.key_rejected = key_rejection(resp.status)
+                        log.warning("%s: %s on %s", self.url, self.key_rejected, path)
+                        return False
                     if resp.status == 200:
                         info = resp.json()
                         break
         except (TimeoutError, HTTPError, ValueError) as e:
             log.warning("%s: cannot read server info (%s); concurrency stays %d", self.url, e, self.limiter.limit)
             return False
+        self.key_rejected = None
         cap = capacity_from_server_info(info)
         if cap != self.server_capacity:
             if cap is None:
@@ -438,13 +456,29 @@ class Endpoint:
         log.warning("%s: the drain asked by %s lapsed after %gs without a resume; using it again", self.url, by, lease)
         self._resume_task = asyncio.create_task(self.resume(), name=f"lapsed drain {self.url}")
 
-    async def resume(self, timeout: float = RESUME_TIMEOUT_S) -> int | None:
+    def set_api_key(self, key: str) -> bool:
+        """Send ``key`` (empty: none) to this server from now on. True if it changed."""
+        old = self.headers.get("Authorization")
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+        else:
+            self.headers.pop("Authorization", None)
+        return self.headers.get("Authorization") != old
+
+    async def resume(self, timeout: float = RESUME_TIMEOUT_S, api_key: str | None = None) -> int | None:
         """End a drain: check the server (``/health``, then its capacity from ``/server_info``) for at
         most ``timeout`` seconds, then use it again, or, if it does not answer, mark it down (and probe
-        it as usual). Returns the concurrency limit now in force, or None if the endpoint is not usable."""
+        it as usual); if it refuses the API key, take it out of service. ``api_key`` (not None): the
+        key to send from now on (a retune that relaunched the server with another key hands it over
+        here); an endpoint taken out of service for a refused key is checked again with it.
+        Returns the concurrency limit now in force, or None if the endpoint is not usable."""
         self._cancel_lease()
         self._drain_seq += 1
         seq = self._drain_seq
+        if api_key is not None and self.set_api_key(api_key):
+            log.info("%s: a new API key was handed over", self.url)
+            if self.state == "disabled" and "API key" in (self.disabled_reason or ""):
+                self.state, self.disabled_reason = "starting", None
         if self.state == "disabled":
             self._undrain()
             return None
@@ -454,6 +488,12 @@ class Endpoint:
             return None  # a drain or another resume came meanwhile: it decides
         if self.state == "disabled":  # refused the API key meanwhile
             self._undrain()
+            return None
+        if not ok and "API key" in reason:
+            # Waiting would not help: the client lacks the key the server was relaunched with.
+            self.drained = False
+            self._emit("resumed")
+            self.disable(reason)
             return None
         # The state is settled before the drain is lifted, so the ledger goes straight from drained
         # to serving (or to down).
@@ -486,7 +526,11 @@ class Endpoint:
             ok, reason = await self.probe(timeout=min(10.0, left))
             if ok:
                 await self.refresh_capacity(timeout=max(0.5, min(10.0, deadline - time.monotonic())))
+                if self.key_rejected is not None:
+                    return False, self.key_rejected
                 return True, "ok"
+            if "API key" in reason:
+                return False, reason
             await asyncio.sleep(max(0.0, min(next(delays), deadline - time.monotonic())))
 
     async def _recover(self) -> None:
@@ -497,7 +541,10 @@ class Endpoint:
             if ok:
                 await self.refresh_capacity()
                 if self.state == "down" and not self.drained:
-                    self.mark_up()
+                    if self.key_rejected is not None:
+                        self.disable(self.key_rejected)
+                    else:
+                        self.mark_up()
                 return
             self.state_reason = reason
             now = time.monotonic()

@@ -183,7 +183,7 @@ class Generator:
         try:
             pending = {stop_wait, finished, *dispatchers}
             while not (stop_wait.done() or finished.done()):
-                # A dispatcher ends early only when its endpoint is disabled, or with a bug.
+                # A dispatcher ends early only with a bug (a disabled endpoint's waits for a new key).
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for d in done:
                     if d in dispatchers and not d.cancelled() and d.exception() is not None:

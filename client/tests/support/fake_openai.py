@@ -103,12 +103,13 @@ class FakeServer:
 
     async def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
         """(status, body, drop_connection)"""
+        # As SGLang's add_api_key_middleware: every path but /health* and /metrics* needs the key.
         if (
             self.b.api_key is not None
-            and path.startswith("/v1")
+            and not path.startswith(("/health", "/metrics"))
             and headers.get("authorization") != f"Bearer {self.b.api_key}"
         ):
-            return 401, b'{"error":{"message":"bad key"}}', False
+            return 401, b'{"error":"Unauthorized"}', False
         if path == "/health":
             return (200, b"{}", False) if self.ready else (503, b'{"message":"starting"}', False)
         if path in ("/server_info", "/get_server_info"):

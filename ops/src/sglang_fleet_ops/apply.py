@@ -62,6 +62,9 @@ def host_outcome(view: HostView) -> dict[str, Any]:
         entry["instances"] = [
             {k: i.get(k) for k in INSTANCE_FIELDS} for i in retune.res.get("instances") or [] if isinstance(i, dict)
         ]
+        # A line per generation client (drained per wave and back in service, stopped, or which
+        # endpoint it did not take back and why), and the host's other notes, as retune.yml prints them.
+        entry["notes"] = [str(n) for n in retune.res.get("notes") or []]
     if unreachable is not None:
         entry.update(status="unreachable", msg=f"{unreachable.task}: {unreachable.msg()}")
     elif failures:
@@ -122,5 +125,9 @@ def outcome_markdown(outcome: dict[str, Any]) -> str:
                 f"| {host}/{inst.get('name')} | {inst.get('action')} | {inst.get('state') or ''} | {capacity} | "
                 f"{md_cell(inst.get('msg') or '')} |"
             )
+    lines += md_section(
+        "Generation clients and notes",
+        [f"{host}: {note}" for host, entry in outcome["hosts"].items() for note in entry.get("notes") or []],
+    )
     lines += md_section("Problems", outcome["problems"])
     return "\n".join(lines) + "\n"

@@ -148,6 +148,10 @@ class Host:
         """One request on the unit's control socket; raises ``clients.ClientError``."""
         return clients.call(self.client_socket(unit), request, timeout)
 
+    def client_env_files(self, unit: str) -> list[str]:
+        """The environment files of a client's unit, in the order systemd reads them."""
+        return systemd.environment_files(unit)
+
     def is_local_host(self, host: str) -> bool:
         return clients.is_local_host(host)
 

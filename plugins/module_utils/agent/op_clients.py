@@ -1,16 +1,20 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
 """Operations on the generation clients of the host: ``clients`` (which run, which answer on
-their control socket, which of the retune's instances each sends to), ``drain`` and ``resume``
-(endpoints of one wave, through the control socket), ``client_stop`` and ``client_start``
-(systemctl, for the clients that do not answer)."""
+their control socket, which of the retune's instances each sends to, whether each has the servers'
+API key or follows it), ``drain`` and ``resume`` (endpoints of one wave, through the control socket;
+the resume hands the servers' key to a client that follows it and waits for the client's word that
+each endpoint is back in service), ``client_stop`` and ``client_start`` (systemctl, for the clients
+that do not answer; the start gives a following client the servers' key first)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
+from .client_keys import client_key, hand_over
 from .clients import DRAIN_CALL_MARGIN, HELLO_TIMEOUT, RESUME_TIMEOUT, ClientError, sends_to
+from .evidence import EvidenceError
 from .host import Host, parallel
 from .request import need
 from .systemd import stopped
@@ -28,7 +32,8 @@ def client_units(req: dict[str, Any]) -> list[str]:
 
 def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Per client unit: its systemd state, its socket, its hello (endpoints), and which of the
-    request's instances it sends to (same port, a host that is this one)."""
+    request's instances it sends to (same port, a host that is this one); with ``client_keys``,
+    how each running one gets its API key (``client_keys.client_key``)."""
     units = client_units(req)
     instances = list(req.get("instances") or [])
     timeout = float(req.get("client_hello_timeout", HELLO_TIMEOUT))
@@ -54,6 +59,8 @@ def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
         out[unit] = entry
         if not entry["running"]:
             continue
+        if req.get("client_keys"):
+            entry["key"] = client_key(host, unit)
         try:
             hello = host.client_call(unit, {"op": "hello"}, timeout)
         except ClientError as exc:
@@ -69,7 +76,7 @@ def op_clients(req: dict[str, Any], host: Host) -> dict[str, Any]:
             endpoints=endpoints,
             sends_to=sends_to(endpoints, instances, host.is_local_host),
         )
-    return {"clients": out}
+    return {"clients": out, "servers_key_set": bool(host.api_key)}
 
 
 def clients_by_instance(req: dict[str, Any], host: Host) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
@@ -99,16 +106,28 @@ def clients_by_instance(req: dict[str, Any], host: Host) -> tuple[dict[str, list
     return out, problems
 
 
-def _socket_op(req: dict[str, Any], host: Host, op: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
-    """``op`` on each client of ``req["clients"]`` (unit -> endpoint URLs), at once: per client
-    ``{"ok": true, **answer}`` or ``{"ok": false, "error": why}``."""
+def _socket_op(
+    req: dict[str, Any],
+    host: Host,
+    op: str,
+    timeout: float,
+    extra: dict[str, Any],
+    per_client: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``op`` on each client of ``req["clients"]`` (unit -> endpoint URLs), at once, with ``extra``
+    and what ``per_client(unit)`` adds: per client ``{"ok": true, **answer}`` or ``{"ok": false,
+    "error": why}``."""
     plan = {str(u): list(urls) for u, urls in (req.get("clients") or {}).items()}
 
     def one(item: dict[str, Any]) -> dict[str, Any]:
         try:
-            answer = host.client_call(item["unit"], {"op": op, "endpoints": item["endpoints"], **extra}, timeout)
+            own = per_client(item["unit"]) if per_client is not None else {}
+            request = {"op": op, "endpoints": item["endpoints"], **extra, **own}
+            answer = host.client_call(item["unit"], request, timeout)
         except ClientError as exc:
             return {"ok": False, "error": str(exc), "socket": host.client_socket(item["unit"])}
+        except OSError as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {**answer, "ok": True}
 
     answers = parallel(one, [{"unit": u, "endpoints": urls} for u, urls in plan.items()])
@@ -133,9 +152,19 @@ def op_drain(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
 
 def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
-    """Resume the endpoints in each client (it re-reads each server's capacity)."""
-    extra = {"by": str(req.get("by") or "sglang-fleet retune")}
-    return _socket_op(req, host, "resume", float(req.get("client_resume_timeout", RESUME_TIMEOUT)), extra)
+    """Resume the endpoints in each client: it re-reads each server's capacity and, within
+    ``client_confirm_timeout`` seconds, says whether each endpoint is back in service (completing
+    requests) or why not. With ``client_keys`` (a retune), a client that follows the servers' API
+    key is handed it first."""
+    confirm = float(req.get("client_confirm_timeout") or 0.0)
+    extra = {"by": str(req.get("by") or "sglang-fleet retune"), "confirm": confirm}
+    timeout = float(req.get("client_resume_timeout", RESUME_TIMEOUT)) + confirm + DRAIN_CALL_MARGIN
+
+    def key(unit: str) -> dict[str, Any]:
+        api_key = hand_over(host, unit)
+        return {} if api_key is None else {"api_key": api_key}
+
+    return _socket_op(req, host, "resume", timeout, extra, key if req.get("client_keys") else None)
 
 
 def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
@@ -164,8 +193,16 @@ def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
 
 def op_client_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
-    """``systemctl start`` the client units (the client resumes its job where it stopped)."""
+    """``systemctl start`` the client units (the client resumes its job where it stopped); with
+    ``client_keys`` (a retune), each that follows the servers' API key given it first (its
+    environment file)."""
     units = client_units(req)
+    key_errors = {}
+    for unit in units if req.get("client_keys") else []:
+        try:
+            hand_over(host, unit)
+        except (OSError, EvidenceError) as exc:  # started all the same: it generates where it can
+            key_errors[unit] = f"the servers' API key could not be given to it: {exc}"
     res = host.systemctl(["start", "--", *units], timeout=float(req.get("client_start_timeout", CLIENT_START_TIMEOUT)))
     states = host.units(units)
     out = {}
@@ -180,5 +217,7 @@ def op_client_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
         }
         if not running:
             entry["msg"] = f"{entry['unit_state']} after {entry['action']}: {res['stderr'].strip()}".rstrip(": ")
+        if unit in key_errors:
+            entry["key_error"] = key_errors[unit]
         out[unit] = entry
     return {"clients": out}

@@ -54,6 +54,16 @@ def systemctl_show(units: list[str]) -> dict[str, dict[str, str]]:
     return result
 
 
+def environment_files(unit: str) -> list[str]:
+    """The unit's EnvironmentFile= paths (``systemctl show`` prints ``PATH (ignore_errors=no)``, one
+    a line); empty when it has none or systemd does not know it."""
+    argv = ["systemctl", "show", "--no-pager", "-p", "EnvironmentFiles", "--value", "--", unit]
+    rc, out, err = run_cmd(argv)
+    if rc != 0:
+        raise EvidenceError("systemd unit environment files", argv, rc, out, err)
+    return [line.rsplit(" (", 1)[0].strip() for line in out.splitlines() if line.strip()]
+
+
 def systemctl(args: list[str], timeout: float = 60.0) -> dict[str, Any]:
     argv = ["systemctl", *args]
     rc, out, err = run_cmd(argv, timeout=timeout)

@@ -5,7 +5,14 @@
 A running client that answers on its control socket is *drained per wave*: before a wave's
 instances are stopped, the client stops sending to exactly their endpoints (it finishes or
 requeues their requests in flight elsewhere), and once the wave is over (relaunched, rolled back
-or failed) it resumes them; the host's other instances keep generating. A running client that
+or failed) it resumes them; the host's other instances keep generating. The client's word on each
+resumed endpoint is the proof that the wave gave it back: one it took out of service (its API key
+refused), that is down, or whose requests only fail since, is *lost*: the host fails, naming the
+endpoint and the client's reason, and no later wave starts.
+
+A client whose API key is its own (not the servers') and is not the servers' key cannot reach a
+relaunched server: the retune refuses such a host before anything is stopped. A client that follows
+the servers' key is handed it by the host agent with each resume (``client_keys``). A running client that
 does not answer (no socket, timeout, error), or every running client when ``client_drain`` is
 false, is *stopped* before the first wave and started again after the last, whatever happened. A
 client whose drain fails falls back to that: stopped for the rest of the host's retune. A client
@@ -64,6 +71,10 @@ class Client:
     mode: str
     why: str
     sends_to: dict[str, list[str]] = field(default_factory=dict)
+    # How it gets its API key (the agent's client_keys.client_key): follows, matches.
+    key: dict[str, Any] = field(default_factory=dict)
+    # Endpoints it did not take back after their wave: instances, url, why (the client's words).
+    lost: list[dict[str, Any]] = field(default_factory=list)
     # One entry per wave drained: instances, endpoints, waited_s, abandoned, resumed_capacity.
     waves: list[dict[str, Any]] = field(default_factory=list)
     # Stopped (or a stop tried): when, for how long, how it went.
@@ -91,13 +102,19 @@ class Client:
                 out[key] = getattr(self, key)
         if self.resume_errors:
             out["resume_errors"] = list(self.resume_errors)
+        if self.lost:
+            out["lost"] = [dict(x) for x in self.lost]
         return out
 
     def drained_waves(self) -> str:
         return "; ".join(
             f"{_names(w['instances'])}: {float(w.get('waited_s') or 0):.1f} s, {w.get('abandoned') or 0} abandoned"
+            + (f", back in service in {w['back_s']:.1f} s" if w.get("back_s") is not None else "")
             for w in self.waves
         )
+
+    def lost_words(self) -> str:
+        return "; ".join(f"{x['url']} ({_names(x['instances'])}): {x['why']}" for x in self.lost)
 
     def note(self) -> str:
         """The client's line in the summary."""
@@ -106,6 +123,11 @@ class Client:
         if self.mode == NOT_SENDING:
             return f"client {self.unit}: {self.why}, left alone"
         if self.mode == DRAINED:
+            if self.lost:
+                return (
+                    f"client {self.unit}: drained per wave, never stopped, but did NOT take back "
+                    f"{self.lost_words()} ({self.drained_waves()})"
+                )
             if not self.waves:
                 return f"client {self.unit}: drained per wave, never stopped (no wave reached its instances)"
             return f"client {self.unit}: drained per wave, never stopped ({self.drained_waves()})"
@@ -151,6 +173,7 @@ class RetuneClients:
         self.clients: dict[str, Client] = {}
         # Drained for the wave under way, to resume after it: unit -> the wave's entry.
         self._drained: dict[str, dict[str, Any]] = {}
+        self.servers_key_set = False
 
     # -- discovery ----------------------------------------------------------------------------
 
@@ -159,16 +182,20 @@ class RetuneClients:
         ClientsUnknown when the host could not say."""
         if not self.opts.client_units:
             return
-        result = self.run_phase("clients", instances, {"client_units": list(self.opts.client_units)})
+        result = self.run_phase(
+            "clients", instances, {"client_units": list(self.opts.client_units), "client_keys": True}
+        )
         failure = _failure("clients", result)
         if failure:
             raise ClientsUnknown(failure)
         changing = set(to_change)
+        self.servers_key_set = bool(result.get("servers_key_set"))
         for unit in self.opts.client_units:
             found = result["clients"].get(unit) or {}
             sock = str(found.get("socket") or "its control socket")
             sends = {str(n): list(urls) for n, urls in (found.get("sends_to") or {}).items()}
             client = Client(unit=unit, socket=sock, mode=NOT_RUNNING, why="", sends_to=sends)
+            client.key = dict(found.get("key") or {})
             self.clients[unit] = client
             if not found.get("running"):
                 state = f"{found.get('active_state') or 'unknown'}/{found.get('sub_state') or 'unknown'}"
@@ -184,6 +211,28 @@ class RetuneClients:
             else:
                 client.mode = DRAINED
                 client.why = f"answers on {sock}, sends to {_names([n for n in to_change if n in sends])}"
+
+    def key_refusals(self) -> list[str]:
+        """The running clients that would be locked out of the relaunched servers: the servers
+        require a key, and the client's own key (set apart from theirs) is not it. A client that
+        did not answer may send anywhere; one that answered counts if it sends to a changed
+        instance. Empty when the retune may go on."""
+        if not self.servers_key_set:
+            return []
+        out = []
+        for client in self.clients.values():
+            if client.mode in (NOT_RUNNING, NOT_SENDING) or not client.key:
+                continue
+            if client.key.get("follows") or client.key.get("matches"):
+                continue
+            where = client.key.get("env_file") or "no environment file"
+            out.append(
+                f"generation client {client.unit} cannot get the servers' API key: its key is its own "
+                f"(generation_api_key set apart from sglang_server_api_key, in {where}) and is not the servers' "
+                "key, so every relaunched server would refuse it; let it follow the servers' key (leave "
+                "generation_api_key unset) or give it theirs, deploy the generation role, then retune"
+            )
+        return out
 
     # -- stop and start -----------------------------------------------------------------------
 
@@ -214,7 +263,7 @@ class RetuneClients:
         clients = [c for c in self.clients.values() if c.stopped_at is not None and not c.started]
         if not clients:
             return
-        result = self.run_phase("client_start", [], {"client_units": [c.unit for c in clients]})
+        result = self.run_phase("client_start", [], {"client_units": [c.unit for c in clients], "client_keys": True})
         failure = _failure("client_start", result)
         now = self.clock()
         for client in clients:
@@ -278,29 +327,71 @@ class RetuneClients:
         for unit, answer in (answers or {}).items():
             entry = self._drained.get(unit)
             if entry is not None and isinstance(answer, Mapping) and answer.get("ok"):
-                entry["resumed_capacity"] = dict(answer.get("capacity") or {})
+                self._taken_back(unit, entry, answer)
                 del self._drained[unit]
 
     def resume(self, wave: list[str]) -> None:
         """After a wave, whatever happened to it: resume what was drained for it and is not resumed
-        yet (a failed or rolled back wave). A failure is a note (the client's lease ends the drain
-        anyway), never an instance's failure."""
+        yet (a failed or rolled back wave). A resume that fails leaves the endpoints lost (the
+        client's lease ends the drain by itself, later)."""
         drained, self._drained = self._drained, {}
         if not drained:
             return
         plan = {unit: list(entry["endpoints"]) for unit, entry in drained.items()}
-        result = self.run_phase("resume", wave, {"clients": plan, "by": f"sglang-fleet retune of {_names(wave)}"})
+        result = self.run_phase(
+            "resume",
+            wave,
+            {
+                "clients": plan,
+                "by": f"sglang-fleet retune of {_names(wave)}",
+                "client_confirm_timeout": self.opts.client_confirm_timeout,
+                "client_keys": True,
+            },
+        )
         failure = _failure("resume", result)
         for unit, entry in drained.items():
             answer = _answer(result, failure, unit, {"ok": False, "error": failure})
             if answer.get("ok"):
-                entry["resumed_capacity"] = dict(answer.get("capacity") or {})
+                self._taken_back(unit, entry, answer)
             else:
+                why = f"resuming it failed ({answer.get('error') or 'no answer'})"
                 self.clients[unit].resume_errors.append(
-                    f"client {unit}: resuming {_names(entry['instances'])} failed "
-                    f"({answer.get('error') or 'no answer'}); "
+                    f"client {unit}: {why} for {_names(entry['instances'])}; "
                     f"its drain lapses by itself {self.lease:.0f} s after it began"
                 )
+                self._lose(unit, entry, dict.fromkeys(entry["endpoints"], why))
+
+    def _taken_back(self, unit: str, entry: dict[str, Any], answer: Mapping[str, Any]) -> None:
+        """A resume's answer: the capacity in force, and the client's word on each endpoint (an
+        endpoint it says nothing of is not counted back: a client too old to confirm)."""
+        entry["resumed_capacity"] = dict(answer.get("capacity") or {})
+        service = answer.get("service")
+        words = service if isinstance(service, Mapping) else {}
+        lost: dict[str, str] = {}
+        waited = []
+        for url in entry["endpoints"]:
+            word = words.get(url)
+            if not isinstance(word, Mapping):
+                lost[url] = "the client gave no word on it (redeploy the client with the generation role)"
+            elif not word.get("in_service"):
+                lost[url] = str(word.get("why") or "not in service")
+            else:
+                waited.append(float(word.get("waited_s") or 0.0))
+        if waited and not lost:
+            entry["back_s"] = max(waited)
+        self._lose(unit, entry, lost)
+
+    def _lose(self, unit: str, entry: dict[str, Any], lost: Mapping[str, str]) -> None:
+        client = self.clients[unit]
+        for url, why in lost.items():
+            names = [n for n in entry["instances"] if url in client.sends_to.get(n, [])] or list(entry["instances"])
+            client.lost.append({"instances": names, "url": url, "why": why})
+
+    def lost(self) -> list[str]:
+        """Each client that did not take back an endpoint of a wave, with which and why."""
+        return [
+            f"generation client {c.unit} did not take back {c.lost_words()}" for c in self.clients.values() if c.lost
+        ]
 
     # -- report -------------------------------------------------------------------------------
 

@@ -207,21 +207,33 @@ class Retune:
         if not waves:
             return self._final(t0, failed_msg=None)
         self.clients = RetuneClients(self._client_phase, self.opts)
-        try:
-            self.clients.discover(self.order, to_change)
-        except ClientsUnknown as exc:
-            for name in to_change:
-                self.results[name].update(
-                    action=SKIPPED, msg="not touched: the generation clients of the host could not be found out"
-                )
-            why = f"the generation clients could not be found out ({exc}); nothing was changed"
-            return self._final(t0, failed_msg=why)
+        refused = self._clients_refuse(self.clients, to_change)
+        if refused:
+            return self._final(t0, failed_msg=refused)
         try:
             failed_msg = self._run_waves(waves, decisions)
         finally:
             # Whatever happened (a failed wave, a phase that raised): the clients stopped run again.
             self.clients.start_stopped()
         return self._final(t0, failed_msg=failed_msg)
+
+    def _clients_refuse(self, clients: RetuneClients, to_change: list[str]) -> str | None:
+        """Find the generation clients out; why nothing may be touched (the instances to change
+        skipped), or None: the clients could not be found out, or one could not reach a relaunched
+        server (its own API key is not the servers')."""
+        try:
+            clients.discover(self.order, to_change)
+        except ClientsUnknown as exc:
+            skipped = "the generation clients of the host could not be found out"
+            why = f"the generation clients could not be found out ({exc})"
+        else:
+            refusals = clients.key_refusals()
+            if not refusals:
+                return None
+            skipped, why = "a generation client could not reach it after its relaunch", "; ".join(refusals)
+        for name in to_change:
+            self.results[name].update(action=SKIPPED, msg=f"not touched: {skipped}")
+        return f"{why}; nothing was changed"
 
     def _run_waves(self, waves: list[list[str]], decisions: Mapping[str, Decision]) -> str | None:
         """The waves in order, until one fails; returns why the retune stopped, if it did."""
@@ -235,16 +247,20 @@ class Retune:
             return f"{msg}; no instance was touched"
         for index, wave in enumerate(waves):
             ok = self._run_wave(wave, decisions)
-            if not ok:
+            lost = self.clients.lost()
+            if not ok or lost:
+                why = "an earlier wave failed" if not ok else "the generation client did not take back an earlier wave"
                 for later in waves[index + 1 :]:
                     for name in later:
-                        self.results[name].update(
-                            action=SKIPPED, msg="not touched: an earlier wave failed; still running as it was"
-                        )
-                return "retune stopped after a failed wave: " + "; ".join(
+                        self.results[name].update(action=SKIPPED, msg=f"not touched: {why}; still running as it was")
+                failed = [
                     f"{n}: {self.results[n].get('msg')}"
                     for n in wave
                     if self.results[n]["action"] not in (RELAUNCHED, STARTED)
+                ]
+                return "; ".join(
+                    (["retune stopped after a failed wave: " + "; ".join(failed)] if failed else [])
+                    + [f"retune stopped, as {words}" for words in lost]
                 )
         return None
 
@@ -342,7 +358,12 @@ class Retune:
             "smoke_requests": self.opts.smoke_requests,
         }
         if resume:
-            extra.update(resume_clients=dict(resume), by=f"sglang-fleet retune of {', '.join(names)}")
+            extra.update(
+                resume_clients=dict(resume),
+                by=f"sglang-fleet retune of {', '.join(names)}",
+                client_confirm_timeout=self.opts.client_confirm_timeout,
+                client_keys=True,
+            )
         start = self._phase_or_fail(
             "start",
             names,

@@ -309,6 +309,19 @@ OPTIONS: tuple[Option, ...] = (
         "requeues the rest on its other endpoints.",
         default=120.0,
     ),
+    _opt(
+        # A generation takes seconds to minutes; a refused key or path fails at once. Most waves
+        # are confirmed by a completion within a second or two; the bound is paid only by an
+        # endpoint whose requests are slow (and then it is counted in service if none failed).
+        "client_confirm_timeout",
+        "float",
+        RETUNE,
+        "Seconds a drained generation client is given, after a wave's endpoints are handed back to it, to say that "
+        "each is back in service - it completed a request there, or, at the bound, it sends there and nothing failed. "
+        "An endpoint it took out of service (an API key or path refused), that is down, or whose requests only failed "
+        "fails the host with the client's own reason, and the next wave does not start.",
+        default=60.0,
+    ),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -348,6 +361,7 @@ class Options:
     client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
     client_drain: bool = default("client_drain")
     client_drain_timeout: float = default("client_drain_timeout")
+    client_confirm_timeout: float = default("client_confirm_timeout")
     agent: dict[str, Any] = field(default_factory=dict)  # tool paths, state dirs, poll interval
 
     @classmethod

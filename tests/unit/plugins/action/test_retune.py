@@ -122,7 +122,20 @@ def test_relaunch_whole_result() -> None:
                     }
                 },
                 # The wave healthy, the start phase handed its endpoints back itself (on the host).
-                "containers": {"host": {"resumed": {CLIENT: {"ok": True, "resumed": [URL], "capacity": {URL: 64}}}}},
+                "containers": {
+                    "host": {
+                        "resumed": {
+                            CLIENT: {
+                                "ok": True,
+                                "resumed": [URL],
+                                "capacity": {URL: 64},
+                                "service": {
+                                    URL: {"in_service": True, "why": "completed 1 request(s) again", "waited_s": 0.5}
+                                },
+                            }
+                        }
+                    }
+                },
             },
         }
     )
@@ -141,6 +154,7 @@ def test_relaunch_whole_result() -> None:
     # The lease outlives the wave: the drain, then stop, kills, release, start and checks, twice (rollback).
     assert drain["lease"] == 120 + 2 * (30 + 20 + 300 + 3600 + 120 * 5) + 120
     assert calls[5]["options"]["resume_clients"] == {CLIENT: [URL]}
+    assert calls[5]["options"]["client_confirm_timeout"] == 60 and calls[5]["options"]["client_keys"] is True
     elapsed = result.pop("elapsed")
     assert elapsed >= 0
     relaunch_s = result["instances"][0].pop("relaunch_s")
@@ -156,11 +170,21 @@ def test_relaunch_whole_result() -> None:
                 "mode": "drained",
                 "why": f"answers on {SOCK}, sends to gpu0",
                 "sends_to": ["gpu0"],
-                "waves": [{"instances": ["gpu0"], "waited_s": 0.4, "abandoned": 0, "resumed_capacity": {URL: 64}}],
+                "waves": [
+                    {
+                        "instances": ["gpu0"],
+                        "waited_s": 0.4,
+                        "abandoned": 0,
+                        "resumed_capacity": {URL: 64},
+                        "back_s": 0.5,
+                    }
+                ],
             }
         ],
         "clients_stopped": [],
-        "notes": [f"client {CLIENT}: drained per wave, never stopped (gpu0: 0.4 s, 0 abandoned)"],
+        "notes": [
+            f"client {CLIENT}: drained per wave, never stopped (gpu0: 0.4 s, 0 abandoned, back in service in 0.5 s)"
+        ],
         "instances": [
             {
                 "name": "gpu0",

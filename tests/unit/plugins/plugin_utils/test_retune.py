@@ -57,6 +57,26 @@ def facts(
     return base
 
 
+def taken_back(urls: list[str]) -> dict[str, Any]:
+    """A client's answer to a resume, as the agent passes it on: each endpoint back in service."""
+    return {
+        "ok": True,
+        "resumed": urls,
+        "capacity": {url: 40 for url in urls},
+        "service": {
+            url: {
+                "in_service": True,
+                "state": "up",
+                "completed": 2,
+                "why": "completed 2 request(s) again",
+                "waited_s": 0.3,
+            }
+            for url in urls
+        },
+        "unknown": [],
+    }
+
+
 class Host:
     """A scripted host: answers each phase from per-instance behaviour, records the calls."""
 
@@ -91,12 +111,7 @@ class Host:
                 }
             }
         if op == "resume":
-            return {
-                "clients": {
-                    u: {"ok": True, "resumed": urls, "capacity": {url: 40 for url in urls}, "unknown": []}
-                    for u, urls in options["clients"].items()
-                }
-            }
+            return {"clients": {u: taken_back(urls) for u, urls in options["clients"].items()}}
         if op == "client_stop":
             return {"clients": {u: {"stopped": True, "unit_state": "inactive/dead"} for u in options["client_units"]}}
         if op == "client_start":
@@ -125,10 +140,7 @@ class Host:
                 }
             }
             if options.get("resume_clients"):  # as the agent: the healthy wave handed back at once
-                resumed = {
-                    u: {"ok": True, "resumed": urls, "capacity": {url: 40 for url in urls}, "unknown": []}
-                    for u, urls in options["resume_clients"].items()
-                }
+                resumed = {u: taken_back(urls) for u, urls in options["resume_clients"].items()}
                 started["containers"] = {"host": {"resumed": resumed}}
             return started
         raise AssertionError(op)
@@ -719,18 +731,21 @@ def test_an_answering_client_is_drained_per_wave_and_never_stopped() -> None:
     assert (client["unit"], client["mode"]) == (GEN, "drained")
     assert "stopped_s" not in client
     assert client["waves"] == [
-        {"instances": ["gpu0"], "waited_s": 0.4, "abandoned": 0, "resumed_capacity": {url(30000): 40}},
+        {"instances": ["gpu0"], "waited_s": 0.4, "abandoned": 0, "resumed_capacity": {url(30000): 40}, "back_s": 0.3},
         {
             "instances": ["gpu1", "gpu2", "gpu3"],
             "waited_s": 0.4,
             "abandoned": 0,
             "resumed_capacity": {u: 40 for u in rest},
+            "back_s": 0.3,
         },
     ]
     assert out["notes"] == [
-        f"client {GEN}: drained per wave, never stopped "
-        "(gpu0: 0.4 s, 0 abandoned; gpu1, gpu2, gpu3: 0.4 s, 0 abandoned)"
+        f"client {GEN}: drained per wave, never stopped (gpu0: 0.4 s, 0 abandoned, back in service in 0.3 s; "
+        "gpu1, gpu2, gpu3: 0.4 s, 0 abandoned, back in service in 0.3 s)"
     ]
+    # The client's word is asked for with each hand-back, and the servers' key is handed over.
+    assert all(s["client_confirm_timeout"] == 60.0 and s["client_keys"] is True for s in starts)
     # The drain's options: the wave's deadlines as its lease, who asks.
     drain = next(o for op, o in host.options if op == "drain")
     assert drain["client_drain_timeout"] == 120.0
@@ -849,7 +864,7 @@ def test_a_client_whose_drain_fails_is_stopped_for_the_rest_of_the_retune() -> N
     assert note.startswith(
         f"client {GEN}: drain of gpu1, gpu2, gpu3 failed (no answer within 135s): stopped for the rest of the retune ("
     )
-    assert note.endswith("started again; drained before: gpu0: 0.4 s, 0 abandoned")
+    assert note.endswith("started again; drained before: gpu0: 0.4 s, 0 abandoned, back in service in 0.3 s")
 
 
 def test_check_mode_asks_nothing_of_the_clients() -> None:
@@ -918,7 +933,7 @@ def test_a_client_that_cannot_be_stopped_keeps_its_instances_untouched() -> None
     assert "could NOT be stopped" in out["notes"][0]
 
 
-def test_a_failed_resume_is_a_host_note_not_an_instance_failure() -> None:
+def test_a_failed_resume_fails_the_host_naming_the_endpoint_not_the_instance() -> None:
     def resume(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
         return {"clients": {u: {"ok": False, "error": "no answer within 45s"} for u in options["clients"]}}
 
@@ -932,11 +947,107 @@ def test_a_failed_resume_is_a_host_note_not_an_instance_failure() -> None:
 
     host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume, start=start)
     out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
-    # What the start phase could not resume, the resume phase tries again.
+    # What the start phase could not resume, the resume phase tries again; no word from the client
+    # is no proof that it has the endpoint back: the host fails, the instance itself is relaunched.
     assert [op for op, _unused in host.ops()][-2:] == ["start", "resume"]
-    assert "failed" not in out
     assert out["instances"][0]["action"] == "relaunched"
-    assert out["notes"][1].startswith(f"client {GEN}: resuming gpu0 failed (no answer within 45s); its drain lapses")
+    assert out["failed"] is True
+    assert f"generation client {GEN} did not take back {url(30000)} (gpu0): resuming it failed" in out["msg"]
+    assert out["notes"][1].startswith(f"client {GEN}: resuming it failed (no answer within 45s) for gpu0; its drain")
+
+
+def test_an_endpoint_the_client_does_not_take_back_fails_the_host_and_holds_the_next_waves() -> None:
+    """The canary relaunched and healthy, but its server now refuses the client's API key: the
+    client's word names the endpoint and why; the host fails, the other waves are not started."""
+    refused = {
+        "in_service": False,
+        "state": "disabled",
+        "completed": 0,
+        "why": "taken out of service: HTTP 401 (API key rejected)",
+        "waited_s": 0.1,
+    }
+
+    def start(names: list[str], _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        resumed = {
+            u: {**taken_back(urls), "service": dict.fromkeys(urls, refused)}
+            for u, urls in options["resume_clients"].items()
+        }
+        return {
+            "instances": {n: {"started": True, "healthy": True} for n in names},
+            "containers": {"host": {"resumed": resumed}},
+        }
+
+    insts, found = four()
+    host = Host(found, clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])}, start=start)
+    out = run(host, insts, client_units=[GEN], canary=True, wave_size=0)
+    assert [op for op, _unused in host.ops()] == ["inspect", "clients", "drain", "stop", "release", "start"]
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"retune stopped, as generation client {GEN} did not take back {url(30000)} (gpu0): "
+        "taken out of service: HTTP 401 (API key rejected)"
+    )
+    actions = {r["name"]: r["action"] for r in out["instances"]}
+    assert actions == {"gpu0": "relaunched", "gpu1": "skipped", "gpu2": "skipped", "gpu3": "skipped"}
+    assert "the generation client did not take back an earlier wave" in out["instances"][1]["msg"]
+    (client,) = out["clients"]
+    assert client["lost"] == [{"instances": ["gpu0"], "url": url(30000), "why": refused["why"]}]
+    assert out["notes"][0] == (
+        f"client {GEN}: drained per wave, never stopped, but did NOT take back {url(30000)} (gpu0): "
+        "taken out of service: HTTP 401 (API key rejected) (gpu0: 0.4 s, 0 abandoned)"
+    )
+
+
+def test_a_client_that_gives_no_word_on_an_endpoint_has_not_taken_it_back() -> None:
+    def resumed_without_word(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        plain = {
+            u: {"ok": True, "resumed": urls, "capacity": {x: 40 for x in urls}}
+            for u, urls in options["resume_clients"].items()
+        }
+        return {"instances": {"gpu0": {"started": True, "healthy": True}}, "containers": {"host": {"resumed": plain}}}
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, start=resumed_without_word)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert out["failed"] is True and "the client gave no word on it" in out["msg"]
+
+
+@pytest.mark.parametrize(
+    ("key", "refused"),
+    [
+        ({"follows": False, "matches": False, "env_file": "/etc/sglang-fleet/generate.env"}, True),
+        ({"follows": True, "matches": False, "env_file": "/etc/sglang-fleet/generate.env"}, False),
+        ({"follows": False, "matches": True, "env_file": "/etc/sglang-fleet/generate.env"}, False),
+    ],
+    ids=["own-key-not-the-servers", "follows-the-servers", "own-key-is-the-servers"],
+)
+def test_a_client_that_cannot_get_the_servers_key_is_refused_before_any_stop(
+    key: dict[str, Any], refused: bool
+) -> None:
+    def clients(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {"clients": {GEN: {**answering(GEN, [30000, 30001]), "key": key}}, "servers_key_set": True}
+
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+    host = Host({"gpu0": facts("gpu0"), "gpu1": facts("gpu1")}, clients=clients)
+    out = run(host, insts, client_units=[GEN])
+    ops = [op for op, _unused in host.ops()]
+    assert next(o for op, o in host.options if op == "clients")["client_keys"] is True
+    if not refused:
+        assert "stop" in ops and "failed" not in out
+        return
+    assert ops == ["inspect", "clients"]
+    assert out["failed"] is True
+    assert out["msg"].startswith(f"generation client {GEN} cannot get the servers' API key: its key is its own")
+    assert out["msg"].endswith("; nothing was changed")
+    assert {r["action"] for r in out["instances"]} == {"skipped"}
+
+
+def test_without_a_key_on_the_servers_a_clients_own_key_is_no_reason_to_refuse() -> None:
+    def clients(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        own = {"follows": False, "matches": False, "env_file": "/etc/g.env"}
+        return {"clients": {GEN: {**answering(GEN, [30000]), "key": own}}, "servers_key_set": False}
+
+    host = Host({"gpu0": facts("gpu0")}, clients=clients)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert "failed" not in out and out["instances"][0]["action"] == "relaunched"
 
 
 def test_a_wave_in_an_lxc_container_is_resumed_from_the_host_not_by_its_start() -> None:

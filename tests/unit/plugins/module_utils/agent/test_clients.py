@@ -8,6 +8,7 @@ import functools
 import json
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -20,7 +21,7 @@ from agent_requests import REQUEST, run_op
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import _host_lock
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import clients, op_clients
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import client_keys, clients, op_clients
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
 from ansible_collections.sglang_ops.fleet.plugins.modules import retune_phase
@@ -142,6 +143,10 @@ class FakeHost(Host):
         self.unit_state: dict[str, dict[str, str]] = {}
         self.systemctl_calls: list[list[str]] = []
         self.on_systemctl: dict[str, Callable[[list[str]], None]] = {}
+        self.env_files: dict[str, list[str]] = {}
+
+    def client_env_files(self, unit: str) -> list[str]:
+        return list(self.env_files.get(unit, []))
 
     def units(self, names: list[str]) -> dict[str, dict[str, str]]:
         return {
@@ -352,7 +357,9 @@ def test_resume_answers_each_endpoints_capacity(tmp_path: Path, sockdir: str, se
     host = FakeHost(tmp_path, sockdir)
     client = serve(GEN, hello([URL0, URL1]))
     out = run_op({"op": "resume", "clients": {GEN: [URL0, URL1]}, "by": "sglang-fleet retune of gpu0"}, host)
-    assert client.requests == [{"v": 1, "op": "resume", "endpoints": [URL0, URL1], "by": "sglang-fleet retune of gpu0"}]
+    assert client.requests == [
+        {"v": 1, "op": "resume", "endpoints": [URL0, URL1], "by": "sglang-fleet retune of gpu0", "confirm": 0.0}
+    ]
     assert out["clients"][GEN]["ok"] is True
     assert out["clients"][GEN]["capacity"] == {URL0: 40, URL1: 40}
 
@@ -380,6 +387,92 @@ def test_client_stop_and_start_go_through_systemctl_and_say_how_they_ended(tmp_p
         "rc": 0,
         "action": f"systemctl start -- {GEN} (rc=0)",
     }
+
+
+# -- the API key: the servers' own, handed to the clients that follow it ------------------------
+
+SERVERS_KEY = "sk-servers-new-5150"
+GEN_ENV = """# Ansible managed
+SGLANG_FLEET_S3_URI="s3://bucket/job"
+SGLANG_API_KEY="sk-servers-old-0001"
+SGLANG_FLEET_API_KEY_FOLLOWS=servers
+AWS_ACCESS_KEY_ID="AKIA-TEST"
+"""
+OTHER_ENV = 'SGLANG_API_KEY="sk-its-own-7777"\nSGLANG_FLEET_API_KEY_FOLLOWS=own\n'
+
+
+def keyed_host(tmp_path: Path, sockdir: str) -> FakeHost:
+    (tmp_path / "secrets.env").write_text(f'SGLANG_API_KEY="{SERVERS_KEY}"\n')
+    (tmp_path / "gen.env").write_text(GEN_ENV)
+    (tmp_path / "other.env").write_text(OTHER_ENV)
+    (tmp_path / "gen.env").chmod(0o600)
+    host = FakeHost(tmp_path, sockdir)
+    host.env_files = {GEN: [str(tmp_path / "gen.env")], OTHER: [str(tmp_path / "other.env")]}
+    return host
+
+
+def test_the_generation_role_writes_the_key_and_whether_it_follows_as_the_agent_reads_them() -> None:
+    template = (Path(__file__).parents[5] / "roles/generation/templates/generate.env.j2").read_text()
+    assert f'\n{client_keys.KEY_VAR}="{{{{ generation_api_key }}}}"\n' in template
+    assert f"\n{client_keys.FOLLOWS_VAR}={{{{ '{client_keys.FOLLOWS_SERVERS}' if " in template
+
+
+def test_with_key_replaces_the_key_line_in_place_or_adds_it() -> None:
+    assert client_keys.with_key(GEN_ENV, "k2") == GEN_ENV.replace('"sk-servers-old-0001"', '"k2"')
+    assert client_keys.with_key("# none\nA=1\n", "k2") == '# none\nA=1\nSGLANG_API_KEY="k2"\n'
+    assert client_keys.with_key('SGLANG_API_KEY="x"\n', "") == 'SGLANG_API_KEY=""\n'
+
+
+def test_clients_say_whether_each_follows_or_has_the_servers_key_never_the_key(
+    tmp_path: Path, sockdir: str, serve: Any
+) -> None:
+    host = keyed_host(tmp_path, sockdir)
+    host.active(GEN, OTHER)
+    serve(GEN, hello([URL0]))
+    serve(OTHER, hello([URL1]))
+    out = run_op({"op": "clients", "instances": INSTANCES, "client_units": [GEN, OTHER], "client_keys": True}, host)
+    assert out["servers_key_set"] is True
+    assert out["clients"][GEN]["key"] == {"env_file": str(tmp_path / "gen.env"), "follows": True, "matches": False}
+    assert out["clients"][OTHER]["key"] == {"env_file": str(tmp_path / "other.env"), "follows": False, "matches": False}
+    assert SERVERS_KEY not in json.dumps(out) and "sk-its-own" not in json.dumps(out)
+    # The advisor asks without client_keys: no key is looked at.
+    plain = run_op({"op": "clients", "instances": INSTANCES, "client_units": [GEN]}, host)
+    assert "key" not in plain["clients"][GEN]
+
+
+def test_a_retunes_resume_hands_the_servers_key_to_a_following_client_alone(
+    tmp_path: Path, sockdir: str, serve: Any
+) -> None:
+    host = keyed_host(tmp_path, sockdir)
+    gen = serve(GEN, hello([URL0]))
+    other = serve(OTHER, hello([URL1]))
+    req = {"op": "resume", "clients": {GEN: [URL0], OTHER: [URL1]}, "client_keys": True, "client_confirm_timeout": 5}
+    out = run_op(req, host)
+    assert gen.requests[0]["api_key"] == SERVERS_KEY and gen.requests[0]["confirm"] == 5
+    assert "api_key" not in other.requests[0]
+    # Its environment file holds the servers' key for its next start: that line alone changed,
+    # still root-only; the other client's own key is left as it is.
+    env = tmp_path / "gen.env"
+    assert env.read_text() == GEN_ENV.replace("sk-servers-old-0001", SERVERS_KEY)
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600 and env.stat().st_uid == 0
+    assert (tmp_path / "other.env").read_text() == OTHER_ENV
+    assert SERVERS_KEY not in json.dumps(out)
+    # Once it holds the key, the file is not written again.
+    inode = env.stat().st_ino
+    run_op(req, host)
+    assert env.stat().st_ino == inode
+    # Without client_keys (the advisor's measurement), no key goes anywhere.
+    run_op({"op": "resume", "clients": {GEN: [URL0]}}, host)
+    assert "api_key" not in gen.requests[-1]
+
+
+def test_a_following_client_started_again_has_the_servers_key_first(tmp_path: Path, sockdir: str) -> None:
+    host = keyed_host(tmp_path, sockdir)
+    seen: list[str] = []
+    host.on_systemctl["start"] = lambda _args: seen.append((tmp_path / "gen.env").read_text())
+    run_op({"op": "client_start", "client_units": [GEN, OTHER], "client_keys": True}, host)
+    assert seen == [GEN_ENV.replace("sk-servers-old-0001", SERVERS_KEY)]
+    assert (tmp_path / "other.env").read_text() == OTHER_ENV
 
 
 # -- the host lock ----------------------------------------------------------------------------

@@ -503,7 +503,7 @@ def test_start_hands_the_wave_back_to_the_clients_once_every_instance_is_healthy
     req = {"op": "start", "instances": [instance()], "resume_clients": {"gen.service": [url]}}
     result = run_op(req, host)
     assert result["instances"]["gpu0"]["healthy"] is True
-    assert calls == [("gen.service", {"op": "resume", "endpoints": [url], "by": "sglang-fleet retune"})]
+    assert calls == [("gen.service", {"op": "resume", "endpoints": [url], "by": "sglang-fleet retune", "confirm": 0.0})]
     assert result["resumed"] == {"gen.service": {"resumed": [url], "capacity": {url: 64}, "ok": True}}
 
 
