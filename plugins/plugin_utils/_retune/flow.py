@@ -249,10 +249,14 @@ class Retune:
             ok = self._run_wave(wave, decisions)
             lost = self.clients.lost()
             if not ok or lost:
-                why = "an earlier wave failed" if not ok else "the generation client did not take back an earlier wave"
+                held = (
+                    "not touched: an earlier wave failed; still running as it was"
+                    if not ok
+                    else "not touched: the generation client did not take back an earlier wave; still running as it was"
+                )
                 for later in waves[index + 1 :]:
                     for name in later:
-                        self.results[name].update(action=SKIPPED, msg=f"not touched: {why}; still running as it was")
+                        self.results[name].update(action=SKIPPED, msg=held)
                 failed = [
                     f"{n}: {self.results[n].get('msg')}"
                     for n in wave
