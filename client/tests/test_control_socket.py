@@ -248,6 +248,9 @@ def test_a_server_relaunched_with_a_key_is_confirmed_lost_then_back_with_the_key
                 assert word["in_service"] is False and word["state"] == "disabled", word
                 assert "taken out of service: HTTP 401 (API key rejected)" in word["why"]
                 assert word["waited_s"] < 5  # decided at once, not at the bound
+                # status.json names it for the operator (sglang-fleet-ops status: OUT OF SERVICE).
+                wait_for(lambda: a.url in read_status(out).get("disabled", {}), what="status: A out of service")
+                assert read_status(out)["disabled"][a.url] == "HTTP 401 (API key rejected)"
                 seen_b = b.server.requests
                 wait_for(lambda: b.server.requests > seen_b + 20, what="B generating")  # type: ignore[union-attr]
                 # The retune hands the new key over with the resume: A is back, B untouched.

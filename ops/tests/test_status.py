@@ -70,6 +70,7 @@ def test_status_json_per_instance_and_client(rec: Any, project: Path) -> None:
         "eta_s": 6246,
         "error": None,
         "stalled": {},
+        "disabled": {},
     }
     assert status["not_ok"] == ["gpu-a/gpu1"]
 
@@ -210,6 +211,15 @@ def test_a_stalled_endpoint_of_a_client_is_named_and_not_ok(rec: Any, project: P
     assert code == 2
     assert f"  STALLED http://127.0.0.1:30002: {why}" in out.splitlines()
     assert "NOT OK gpu-a/sglang-fleet-generate.service: endpoint http://127.0.0.1:30002 stalled" in out
+
+
+def test_an_endpoint_a_client_took_out_of_service_is_named_and_not_ok(rec: Any, project: Path) -> None:
+    why = "HTTP 401 (API key rejected)"
+    evts = with_client_status(all_desired(rec), disabled={"http://127.0.0.1:30001": why})
+    code, out, _, _ = run_cli(rec, project, ["status"], rec.run_of(evts, ident="status"))
+    assert code == 2
+    assert f"  OUT OF SERVICE http://127.0.0.1:30001: {why}" in out.splitlines()
+    assert "NOT OK gpu-a/sglang-fleet-generate.service: endpoint http://127.0.0.1:30001 taken out of service" in out
 
 
 def test_kv_usage_is_full_token_usage_from_0_5_14() -> None:

@@ -104,6 +104,9 @@ class StatusReporter:
             "endpoints": {ep.url: ep.snapshot() for ep in self.endpoints},
             # Endpoints that accept requests and complete none: their work goes to the others.
             "stalled": {ep.url: ep.state_reason for ep in self.endpoints if ep.state == "stalled"},
+            # Endpoints taken out of service (their server refused the API key or the path): nothing
+            # is sent there until a retune hands over a new key, or the client restarts.
+            "disabled": {ep.url: ep.disabled_reason for ep in self.endpoints if ep.state == "disabled"},
             "shards": {
                 "closed": len(self.store.closed_shards()),
                 "open_records": self.store.open_records,

@@ -53,7 +53,7 @@ EXITS: dict[str, dict[int, str]] = {
     "drift": {OK: "no drift", CHANGES: "drift (the instances named)", ERROR: "an error"},
     "status": {
         OK: "every instance running, healthy, serving its desired settings",
-        CHANGES: "an instance is not, or a generation client's endpoint stalled",
+        CHANGES: "an instance is not, or a generation client's endpoint stalled or taken out of service",
         ERROR: "an error",
     },
     "advise": {

@@ -116,6 +116,9 @@ def _clients(view: HostView) -> list[dict[str, Any]]:
                 # Endpoints that accept requests and complete none (the client routes around them):
                 # URL -> why. The instance behind one needs a relaunch (retune.yml heals it).
                 "stalled": dict(status.get("stalled") or {}),
+                # Endpoints it took out of service (the server refused its API key or the path):
+                # URL -> why. Nothing is sent there until a retune hands it a new key.
+                "disabled": dict(status.get("disabled") or {}),
             }
         )
     return out
@@ -212,12 +215,18 @@ def build_status(run: Run) -> dict[str, Any]:
         for c in e["clients"]
         for url in c["stalled"]
     ]
+    not_ok += [
+        f"{h}/{c['unit']}: endpoint {url} taken out of service"
+        for h, e in hosts.items()
+        for c in e["clients"]
+        for url in c["disabled"]
+    ]
     return {"hosts": hosts, "problems": problems, "not_ok": not_ok}
 
 
 def status_exit(status: dict[str, Any]) -> int:
     """0 every instance running, healthy and serving its desired settings (and no generation client
-    has an endpoint stalled); 2 otherwise; 1 error."""
+    has an endpoint stalled or taken out of service); 2 otherwise; 1 error."""
     if status["problems"]:
         return 1
     return 2 if status["not_ok"] else 0
@@ -273,6 +282,7 @@ def status_table(status: dict[str, Any]) -> str:
                 f"ETA {_duration(c['eta_s'])}" + (f" ({c['error']})" if c["error"] else "")
             )
             lines += [f"  STALLED {url}: {why}" for url, why in c["stalled"].items()]
+            lines += [f"  OUT OF SERVICE {url}: {why}" for url, why in c["disabled"].items()]
     for problem in status["problems"]:
         lines.append(f"ERROR {problem}")
     for name in status["not_ok"]:
