@@ -249,15 +249,20 @@ def record_lost(r: dict[str, Any], op: str, in_flight: bool, rollback: bool, dur
         r["host_lost"] = "its last good settings may not be recorded (the host was lost while recording them)"
 
 
+def _secs(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f}s"
+
+
 def lost_words(
     op: str, names: list[str], deadline_s: float, margin_s: float, why: str | None = None, waited_s: float | None = None
 ) -> str:
     """The host's line in the summary: which call went unanswered, and for how long (or why the
     connection gave up first)."""
     of = f" of {', '.join(names)}" if names else ""
-    bound = f"{deadline_s + margin_s:.0f}s (its deadline {deadline_s:.0f}s + sglang_retune_call_margin {margin_s:.0f}s)"
+    parts = f"its deadline {_secs(deadline_s)} + sglang_retune_call_margin {_secs(margin_s)}"
+    bound = f"{_secs(deadline_s + margin_s)} ({parts})"
     if why:
-        into = f" {waited_s:.0f}s into it" if waited_s is not None else ""
+        into = f" {_secs(waited_s)} into it" if waited_s is not None else ""
         said = f"{why} during the {op} phase{of},{into} (its bound: {bound})"
     else:
         said = f"no answer to the {op} phase{of} within {bound}"
