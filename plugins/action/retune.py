@@ -2,22 +2,32 @@
 # Apache License 2.0 (see LICENSE)
 """Action plugin sglang_ops.fleet.retune: kill, prove dead, prove GPU memory free, relaunch,
 prove healthy; idempotent, check and diff mode, canary then waves, rollback; the generation
-clients drained per wave (or stopped for the retune when they do not answer)."""
+clients drained per wave (or stopped for the retune when they do not answer). Every call to the
+host is bounded on the controller (a host that stops answering is lost, not waited for)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Retune
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import ARGUMENT_SPEC, Options
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.bounded import CallTimedOut, bounded, reap
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import HostLost, Retune
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import (
+    ARGUMENT_SPEC,
+    Options,
+    call_deadline,
+)
 
 display = Display()
 
 
 PHASE_MODULE = "sglang_ops.fleet.retune_phase"
+# Seconds for the connection's close once its host is lost (a local operation: nothing is sent).
+CLOSE_BOUND = 10.0
 
 
 class ActionModule(ActionBase):
@@ -47,21 +57,39 @@ class ActionModule(ActionBase):
         lock_run_id = (task_vars.get("sglang_fleet_lock") or {}).get("run_id")
 
         def run_phase(op: str, phase_instances: list[dict[str, Any]], phase_options: dict[str, Any]) -> dict[str, Any]:
+            # A frozen host cannot keep its own deadlines: the controller keeps them.
+            deadline = call_deadline(op, phase_options)
             display.vvv(
-                f"retune: {op} on {[i['name'] for i in phase_instances]}", host=task_vars.get("inventory_hostname")
+                f"retune: {op} on {[i['name'] for i in phase_instances]}, bound {deadline + options.call_margin:.0f}s",
+                host=task_vars.get("inventory_hostname"),
             )
-            return self._execute_module(
-                module_name=PHASE_MODULE,
-                module_args={
-                    "op": op,
-                    "instances": phase_instances,
-                    "options": phase_options,
-                    "managed_units": managed,
-                    "pct": args["pct"],
-                    "lock_run_id": lock_run_id,
-                },
-                task_vars=task_vars,
-            )
+            started = time.monotonic()
+            try:
+                with bounded(deadline + options.call_margin):
+                    return self._execute_module(
+                        module_name=PHASE_MODULE,
+                        module_args={
+                            "op": op,
+                            "instances": phase_instances,
+                            "options": phase_options,
+                            "managed_units": managed,
+                            "pct": args["pct"],
+                            "lock_run_id": lock_run_id,
+                        },
+                        task_vars=task_vars,
+                    )
+            except CallTimedOut as timed_out:
+                reap(timed_out.killed)
+                self._drop_connection()
+                raise HostLost(op, deadline, options.call_margin, round(time.monotonic() - started, 1)) from None
+            except AnsibleConnectionFailure as exc:
+                # The connection gave up first (ssh's keep-alives, its connect timeout): the host
+                # did not answer either. Lost as well, rather than the task unreachable with no
+                # report, after calls to the host from the flow's finally clauses.
+                self._drop_connection()
+                waited = round(time.monotonic() - started, 1)
+                why = f"the connection failed ({str(exc).strip()[:300]})"
+                raise HostLost(op, deadline, options.call_margin, waited, why=why) from None
 
         retune = Retune(instances, options, run_phase, check_mode=bool(self._task.check_mode))
         outcome = retune.run()
@@ -69,6 +97,15 @@ class ActionModule(ActionBase):
         if not self._task.diff:
             result.pop("diff", None)
         return result
+
+    def _drop_connection(self) -> None:
+        """Forget the connection to a lost host (its process is already killed): close it, within
+        a bound of its own, never reset it (a reset would talk to the host)."""
+        try:
+            with bounded(CLOSE_BOUND):
+                self._connection.close()
+        except (CallTimedOut, Exception) as exc:  # the host is lost either way
+            display.vvv(f"retune: closing the connection to a lost host: {exc!r}")
 
 
 def _check_args(args: dict[str, Any]) -> list[str]:
@@ -83,6 +120,7 @@ def _check_args(args: dict[str, Any]) -> list[str]:
         "nvidia_smi_timeout",
         "http_timeout",
         "client_drain_timeout",
+        "call_margin",
     ):
         if args[key] <= 0:
             problems.append(f"{key} must be > 0")

@@ -24,6 +24,10 @@ description:
   - Under a host's instances, one line per host note - each generation client (drained per wave
     and never stopped, or stopped for the retune and started again, and why), and anything else
     the retune had to say about the host.
+  - A host that stopped answering mid-retune (C(HOST LOST)) - which call went unanswered and for how
+    long, what is known of each instance (C(stop sent, not proven dead), C(relaunched and proven
+    healthy before the host was lost), ...), the generation clients' drain left to lapse, and what to
+    do next.
   - Reads each host's registered C(sglang_retune_result) (the result of M(sglang_ops.fleet.retune)).
 positional: _input, hosts
 options:
@@ -102,6 +106,9 @@ def instance_rows(host: str, result: Mapping[str, Any]) -> list[tuple[str, ...]]
         if inst.get("wedged") and inst.get("action") != "unhealthy":
             # The unhealthy one's reasons say it already; a relaunched one says what hung.
             note = (f"{was_unwell(inst['wedged'])}; " + note).strip("; ")
+        if inst.get("host_lost") and inst.get("action") in ("unchanged", "relaunched", "started"):
+            # Proven before its host stopped answering (a failed one's message says it already).
+            note = (f"{inst['host_lost']}; " + note).strip("; ")
         rows.append(
             (
                 f"{host}/{inst.get('name')}",

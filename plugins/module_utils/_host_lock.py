@@ -12,6 +12,11 @@ is older than its TTL, or when the controller says the holder's process is gone 
 The file is never removed, only emptied: every reader and writer holds ``flock`` on that one
 inode, so a read-decide-write is atomic and an unlink cannot split the lock in two.
 
+While a run's operation works on the host (``guard``: a retune phase, a write of the server
+role), the lease names its process (``busy``). A lease whose run is gone is not taken over while
+that process still runs: a run that lost its host mid-phase (the host stopped answering) leaves
+the phase running there once the host is back, and a rerun must not act beside it.
+
 Standard library only: modules import it on the host.
 """
 
@@ -51,6 +56,36 @@ def describe(holder: dict[str, Any], now: float | None = None) -> str:
 
 def is_stale(holder: dict[str, Any], now: float) -> bool:
     return now > float(holder.get("renewed_at") or 0) + float(holder.get("ttl_s") or 0)
+
+
+def _starttime(pid: int) -> str | None:
+    """Clock ticks since boot at which ``pid`` started (tells a reused PID apart), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()[19]
+
+
+def still_busy(holder: dict[str, Any]) -> dict[str, Any] | None:
+    """The holder's operation that still runs on this host (its process alive, the same one), or
+    None."""
+    busy = holder.get("busy")
+    if not isinstance(busy, dict) or not isinstance(busy.get("pid"), int):
+        return None
+    return busy if _starttime(busy["pid"]) == busy.get("starttime") else None
+
+
+def _refuse_while_busy(holder: dict[str, Any], now: float) -> None:
+    busy = still_busy(holder)
+    if busy:
+        raise LockError(
+            f"the host lock's run is gone ({describe(holder, now)}), but its {busy.get('what')} still runs on this "
+            f"host (PID {busy['pid']}, for {now - float(busy.get('since') or now):.0f}s): it ends within its own "
+            "deadline; try again once it has",
+            holder,
+        )
 
 
 @contextlib.contextmanager
@@ -123,6 +158,7 @@ def acquire(
         if holder and holder.get("run_id") != identity["run_id"]:
             if not (is_stale(holder, now) or (take_over and holder.get("run_id") == take_over)):
                 raise LockError(f"the host is locked by {describe(holder, now)}", holder)
+            _refuse_while_busy(holder, now)
             took_over = holder
         same_run = holder is not None and took_over is None
         record = dict(identity, renewed_at=now, acquired_at=(holder or {}).get("acquired_at", now) if same_run else now)
@@ -155,6 +191,8 @@ def ensure_free_or_mine(run_id: str | None, path: str = LOCK_PATH_DEFAULT, now: 
     holder = read(path)
     if holder and not is_stale(holder, now):
         raise LockError(f"the host is locked by {describe(holder, now)}", holder)
+    if holder:
+        _refuse_while_busy(holder, now)
 
 
 def release(run_id: str, path: str = LOCK_PATH_DEFAULT) -> bool:
@@ -203,12 +241,38 @@ class Renewer:
             self._thread.join(timeout=5)
 
 
+def _mark_busy(run_id: str, what: str, path: str, clear: bool = False) -> None:
+    """Name this process in ``run_id``'s lease as working on the host (or no longer)."""
+    pid = os.getpid()
+    with _locked_file(path) as handle:
+        holder = _read(handle)
+        if not holder or holder.get("run_id") != run_id:
+            return  # taken over meanwhile: nothing of ours to mark
+        if clear:
+            if (holder.get("busy") or {}).get("pid") != pid:
+                return
+            holder.pop("busy")
+        else:
+            holder["busy"] = {"pid": pid, "starttime": _starttime(pid), "what": what, "since": time.time()}
+        _write(handle, holder)
+
+
 @contextlib.contextmanager
-def guard(run_id: str | None, path: str = LOCK_PATH_DEFAULT, interval: float = 60.0) -> Iterator[Renewer]:
-    """Around a write to the host: with a run id, prove the lease is that run's and keep it
-    renewed meanwhile; without one (a module run on its own), refuse while another live run
-    holds the host. Raises LockError before the body runs, never during it."""
+def guard(
+    run_id: str | None, path: str = LOCK_PATH_DEFAULT, interval: float = 60.0, what: str = "write"
+) -> Iterator[Renewer]:
+    """Around a write to the host: with a run id, prove the lease is that run's, keep it renewed
+    and name this process in it (``what`` it does) meanwhile; without one (a module run on its
+    own), refuse while another live run holds the host. Raises LockError before the body runs,
+    never during it."""
     if not run_id:
         ensure_free_or_mine(None, path)
     with Renewer(run_id, path, interval) as renewer:
-        yield renewer
+        if run_id:
+            _mark_busy(run_id, what, path)
+        try:
+            yield renewer
+        finally:
+            if run_id:
+                with contextlib.suppress(LockError):  # a mark left behind names a process soon gone
+                    _mark_busy(run_id, what, path, clear=True)

@@ -134,6 +134,17 @@ options:
         touched. A prediction missing for lack of evidence never refuses.
     type: bool
     default: false
+  call_margin:
+    description:
+      - Seconds the controller waits for the host's answer to a call of the retune beyond the
+        deadline of what the call asked for (its stop, release, start, drain... deadlines, see the
+        operator guide).
+      - A host that has not answered by then counts as lost - its retune fails naming the phase and
+        what is known of each instance, no further call is made to it (RV(host_lost)), and the
+        other hosts finish. Covers the connection, the module's start and the commands no option
+        bounds (systemctl, journalctl).
+    type: float
+    default: 120
   client_units:
     description:
       - systemd units of the generation clients on the host (the role's C(sglang_retune_client_units),
@@ -317,4 +328,11 @@ notes:
   returned: when any
   type: list
   elements: str
+host_lost:
+  description:
+    - The host stopped answering - C(phase) (the call that went unanswered), C(instances) (those it
+      was about), C(rollback), C(deadline_s), C(margin_s), C(bound_s), C(waited_s). No further call
+      was made to the host; each instance's C(msg) (and C(host_lost)) says what is known of it.
+  returned: when the host was lost
+  type: dict
 """

@@ -130,7 +130,7 @@ def main() -> None:
         run_phase(module)
         return
     try:
-        with _host_lock.guard(module.params["lock_run_id"]) as renewer:
+        with _host_lock.guard(module.params["lock_run_id"], what=f"retune's {op} phase") as renewer:
             run_phase(module, renewer)
     except _host_lock.LockError as exc:
         module.fail_json(msg=f"{exc}; the {op} phase did nothing", holder=exc.holder, lock_error=True)

@@ -148,7 +148,7 @@ def main() -> None:
         converge(module)
         return
     try:
-        with _host_lock.guard(module.params["lock_run_id"]):
+        with _host_lock.guard(module.params["lock_run_id"], what="server role's write"):
             converge(module)
     except _host_lock.LockError as exc:
         module.fail_json(msg=f"{exc}; nothing was written", holder=exc.holder)

@@ -4,8 +4,10 @@
 
 Nothing here talks to a host directly: the phases are run through a ``PhaseRunner`` callable
 (one module execution per host per phase, provided by the action plugin), so the whole flow is
-unit-tested with a fake runner. The decision per instance is :mod:`_retune.decide`; the
-per-instance records and the host's report are :mod:`_retune.record`.
+unit-tested with a fake runner. A runner whose call goes unanswered past its bound raises
+:class:`HostLost`: the host's retune ends there, with no further call to it. The decision per
+instance is :mod:`_retune.decide`; the per-instance records and the host's report are
+:mod:`_retune.record`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.fit impor
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record import (
     FAILED,
+    LOST_AFTER,
     RELAUNCHED,
     SKIPPED,
     STARTED,
@@ -39,6 +42,8 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.record im
     clients_in_the_way,
     host_report,
     initial_result,
+    lost_words,
+    record_lost,
     record_no_last_good,
     record_relaunch_failed,
     record_release,
@@ -58,6 +63,24 @@ class PhaseError(Exception):
         self.op = op
         self.result = dict(result or {})
         super().__init__(f"{op} phase failed: {msg}")
+
+
+class HostLost(Exception):
+    """The host did not answer a call within its bound: the deadline of what the call asked for
+    (_retune.options.call_deadline) plus the margin (call_margin). A frozen host (kernel hang,
+    network partition) cannot keep its own deadlines; the controller gives it up, and makes no
+    further call to it in this retune (one would hang too)."""
+
+    def __init__(
+        self, op: str, deadline_s: float, margin_s: float, waited_s: float | None = None, why: str | None = None
+    ):
+        self.op = op
+        self.deadline_s = deadline_s
+        self.margin_s = margin_s
+        self.waited_s = waited_s
+        # Why, when the connection itself gave up before the bound (ssh's keep-alives).
+        self.why = why
+        super().__init__(why or f"no answer to the {op} phase within {deadline_s + margin_s:.0f}s")
 
 
 def plan_waves(names: list[str], canary: bool | str, wave_size: int) -> list[list[str]]:
@@ -90,6 +113,10 @@ class Retune:
         self.round_trips: dict[str, int] = {}
         self.host_notes: list[str] = []
         self.clients: RetuneClients | None = None
+        # Once the host is lost: the call that went unanswered (op, instances, options, rollback).
+        self.lost: HostLost | None = None
+        self.in_flight: tuple[str, list[str], dict[str, Any], bool] = ("", [], {}, False)
+        self.rolling_back = False
 
     # -- phases -------------------------------------------------------------------------------
 
@@ -107,8 +134,7 @@ class Retune:
                 inst.update(per_instance(name))
             payload.append(inst)
         options = {**self.opts.agent, **(extra or {})}
-        self.round_trips[op] = self.round_trips.get(op, 0) + 1
-        result = self.run_phase(op, payload, options)
+        result = self._call(op, payload, options)
         if result.get("unreachable") or ("instances" not in result):
             raise PhaseError(op, result.get("msg", "no result"), result)
         return result
@@ -143,13 +169,31 @@ class Retune:
 
     def _client_phase(self, op: str, names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
         """A generation client operation (on the host itself); its result as it came back."""
+        return self._call(op, [dict(self.instances[n]) for n in names], {**self.opts.agent, **extra})
+
+    def _call(self, op: str, payload: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+        """One call to the host. Once the host is lost none is made: HostLost again, at once (the
+        clients' resume and start in the flow's ``finally`` clauses would hang too)."""
+        if self.lost is not None:
+            raise self.lost
         self.round_trips[op] = self.round_trips.get(op, 0) + 1
-        return self.run_phase(op, [dict(self.instances[n]) for n in names], {**self.opts.agent, **extra})
+        try:
+            return self.run_phase(op, payload, options)
+        except HostLost as lost:
+            self.lost = lost
+            self.in_flight = (op, [i["name"] for i in payload], options, self.rolling_back)
+            raise
 
     # -- flow ---------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
+        try:
+            return self._run(t0)
+        except HostLost:
+            return self._lost(t0)
+
+    def _run(self, t0: float) -> dict[str, Any]:
         try:
             # The inspect phase also reads the startup journal lines (op_observe's reader) of each
             # running instance (check mode) or of those whose settings change (a real run): the model
@@ -397,12 +441,72 @@ class Retune:
         if not can:
             return
         why = {n: self.results[n].get("msg") for n in can}
-        stopped = self._stop_and_release(can, rollback=True)
-        healthy = set(self._start(stopped, rollback=True))
+        self.rolling_back = True
+        try:
+            stopped = self._stop_and_release(can, rollback=True)
+            healthy = set(self._start(stopped, rollback=True))
+        finally:
+            self.rolling_back = False
         for name in can:
             record_rollback(self.results[name], name in healthy, why[name])
 
     # -- results ------------------------------------------------------------------------------
+
+    def _lost(self, t0: float) -> dict[str, Any]:
+        """The host's report once it stopped answering: what each instance was known to be when the
+        call went unanswered, what the clients are left with, and what to do next."""
+        if self.lost is None:
+            raise AssertionError("only once the host is lost")
+        lost = self.lost
+        op, names, options, rollback = self.in_flight
+        during = f"the {op} phase" + (f" of {', '.join(names)}" if names else "")
+        for name in self.order:
+            if name in self.results:
+                record_lost(self.results[name], op, name in names, rollback, during)
+        headline = lost_words(op, names, lost.deadline_s, lost.margin_s, lost.why, lost.waited_s)
+        said = [headline, *self._lost_client_notes(op, options), LOST_AFTER]
+        by_words: dict[str, list[str]] = {}
+        for name in names:
+            words = self.results.get(name, {}).get("host_lost")
+            if words:
+                by_words.setdefault(words, []).append(name)
+        known = [f"{', '.join(alike)}: {words}" for words, alike in by_words.items()]
+        result = self._final(t0, failed_msg="; ".join([headline, *known, LOST_AFTER]))
+        # First among the host's notes: the summary table prints them in order.
+        result["notes"] = said + list(result.get("notes") or [])
+        result["host_lost"] = {
+            "phase": op,
+            "instances": names,
+            "rollback": rollback,
+            "deadline_s": lost.deadline_s,
+            "margin_s": lost.margin_s,
+            "bound_s": lost.deadline_s + lost.margin_s,
+            "waited_s": lost.waited_s,
+            "why": lost.why,
+        }
+        return result
+
+    def _lost_client_notes(self, op: str, options: Mapping[str, Any]) -> list[str]:
+        """The generation clients of a lost host: the drain no resume will end (it lapses by itself
+        after its lease), the clients stopped that nothing will start again."""
+        if self.clients is None:
+            return []
+        pending = {u: list(urls) for u, urls in self.clients.to_resume().items()}
+        sent = options.get("clients") if op in ("drain", "resume") else options.get("resume_clients")
+        for unit, urls in (sent or {}).items():
+            pending.setdefault(unit, list(urls))
+        notes = [
+            f"client {unit}: the drain of {', '.join(urls)} is not resumed (the host was lost): it lapses by "
+            f"itself {self.clients.lease:.0f}s after it began"
+            for unit, urls in pending.items()
+        ]
+        for unit in (c.unit for c in self.clients.clients.values() if c.stopped_at is not None and not c.started):
+            started = "its start was sent, not confirmed" if op == "client_start" else "NOT started again"
+            notes.append(
+                f"client {unit}: stopped for the retune, {started} (the host was lost): once the host answers, "
+                f"systemctl start {unit} (a rerun leaves a stopped client alone)"
+            )
+        return notes
 
     def _final(self, t0: float, failed_msg: str | None) -> dict[str, Any]:
         """The host's report, from the records (:func:`_retune.record.host_report`)."""

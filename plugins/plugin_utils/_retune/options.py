@@ -11,9 +11,19 @@ Everything else is derived from or checked against this table: the action plugin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import (
+    DRAIN_CALL_MARGIN,
+    HELLO_TIMEOUT,
+    RESUME_TIMEOUT,
+)
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.op_clients import (
+    CLIENT_START_TIMEOUT,
+    CLIENT_STOP_TIMEOUT,
+)
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS, ROLE_VARS
 
 # Where an option goes:
@@ -178,6 +188,19 @@ OPTIONS: tuple[Option, ...] = (
         "anything is stopped and nothing on its host is touched. A prediction missing for lack of evidence never "
         "refuses.",
         default=False,
+    ),
+    _opt(
+        # A frozen host (kernel hang, network partition) cannot keep its own deadlines: the
+        # controller keeps them, with room for what no option bounds (see call_deadline).
+        "call_margin",
+        "float",
+        RETUNE,
+        "Seconds the controller waits for the host's answer to a call of the retune beyond the deadline of "
+        "what the call asked for (its stop, release, start, drain... deadlines, see the operator guide). A host "
+        "that has not answered by then counts as lost - its retune fails naming the phase and what is known of "
+        "each instance, no further call is made to it, and the other hosts finish. Covers the connection, "
+        "the module's start and the commands no option bounds (systemctl, journalctl).",
+        default=120.0,
     ),
     _opt(
         "nvidia_smi",
@@ -358,6 +381,7 @@ class Options:
     force: bool = default("force")
     relaunch_wedged: bool = default("relaunch_wedged")
     ignore_fit_prediction: bool = default("ignore_fit_prediction")
+    call_margin: float = default("call_margin")
     client_units: list[str] = field(default_factory=lambda: list(default("client_units")))
     client_drain: bool = default("client_drain")
     client_drain_timeout: float = default("client_drain_timeout")
@@ -371,3 +395,48 @@ class Options:
             **{o.name: args[o.name] for o in OPTIONS if o.scope == RETUNE},
             agent={o.name: args[o.name] for o in OPTIONS if o.scope == AGENT},
         )
+
+
+def call_deadline(op: str, options: Mapping[str, Any]) -> float:
+    """The deadline of one call of the retune to the host, derived from what the call carries
+    (``options``: the agent options and the phase's own, as sent): the seconds the host may take
+    by the waits it is asked for, each at its deadline, and by the nvidia-smi calls, HTTP requests
+    and control-socket calls it makes outside them, each at its timeout (the instances of a phase
+    are worked on at once). The controller waits this plus ``call_margin`` for the answer, which
+    covers what no option bounds: the connection, the module's start, systemctl and journalctl,
+    the last sample of a poll. A host that has not answered by then is lost (_retune.flow)."""
+    smi = float(options["nvidia_smi_timeout"])
+    http = float(options["http_timeout"])
+    # Who holds the GPUs (op_inspect.collect_holders): GPU memory, then the compute apps.
+    holders = 2 * smi
+    if op == "inspect":
+        # GPU memory and the holders; per instance /health, /server_info and the stall probe's two
+        # reads of /metrics stall_probe_s apart.
+        return smi + holders + 4 * http + float(options["stall_probe_s"])
+    if op == "record":
+        return 0.0  # files only
+    if op == "stop":
+        # The drained stop; SIGKILL of the cgroup, then its wait; the survivors' SIGTERM and SIGKILL
+        # waits; the teardown within the release deadline; the last wait for the units. The
+        # holders are looked at before and after the survivors are killed.
+        kill = float(options["kill_timeout"])
+        return float(options["stop_timeout"]) + 4 * kill + float(options["release_timeout"]) + 2 * holders
+    if op == "release":
+        return float(options["release_timeout"]) + smi
+    if op == "start":
+        # The model load until /health answers, /health and /server_info again, the smoke
+        # completions one after another, and the clients' resume of the wave once it is healthy.
+        resume = float(options.get("client_resume_timeout", RESUME_TIMEOUT)) if options.get("resume_clients") else 0.0
+        smoke = int(options["smoke_requests"]) * float(options["health_timeout"])
+        return float(options["start_timeout"]) + 2 * http + smoke + resume
+    if op == "clients":
+        return len(options.get("client_units") or []) * float(options.get("client_hello_timeout", HELLO_TIMEOUT))
+    if op == "drain":
+        return float(options["client_drain_timeout"]) + DRAIN_CALL_MARGIN
+    if op == "resume":
+        return float(options.get("client_resume_timeout", RESUME_TIMEOUT))
+    if op == "client_stop":
+        return float(options.get("client_stop_timeout", CLIENT_STOP_TIMEOUT))
+    if op == "client_start":
+        return float(options.get("client_start_timeout", CLIENT_START_TIMEOUT))
+    raise ValueError(f"no deadline known for the retune's call {op!r}")

@@ -210,6 +210,71 @@ def record_rollback(r: dict[str, Any], healthy: bool, why: str | None) -> None:
         )
 
 
+# -- a host lost mid-retune ------------------------------------------------------------------
+
+# What is known of an instance whose phase was under way when the host stopped answering.
+_LOST_IN_FLIGHT = {
+    "stop": ("unknown", "stop sent, not proven dead: it may still run, or be DOWN"),
+    "release": ("down", "proven dead, its GPU memory not proven free: DOWN"),
+    "start": ("unknown", "relaunch sent, not proven healthy: it may serve the new settings, or be DOWN"),
+}
+_LOST_ROLLBACK_START = "relaunch of its last good settings sent, not proven healthy: it may serve them, or be DOWN"
+_PROVEN_BEFORE = {
+    RELAUNCHED: "relaunched and proven healthy before the host was lost",
+    STARTED: "started and proven healthy before the host was lost",
+    ROLLED_BACK: "rolled back and proven healthy before the host was lost",
+}
+
+
+def record_lost(r: dict[str, Any], op: str, in_flight: bool, rollback: bool, during: str) -> None:
+    """What is known of the instance of record ``r`` once its host stopped answering ``during``
+    (``the start phase of gpu0``): its ``op`` phase under way (``in_flight``, of a ``rollback``),
+    proven before, or never reached. No further call is made to the host, so this is final."""
+    if in_flight and op in _LOST_IN_FLIGHT:
+        state, words = _LOST_IN_FLIGHT[op]
+        if op == "start" and rollback:
+            words = _LOST_ROLLBACK_START
+        if rollback and r.get("msg"):
+            words = f"new settings failed ({r['msg']}); rollback: {words}"
+        r.update(action=FAILED, state=state, msg=f"{words} (the host was lost)", host_lost=words)
+    elif r["action"] in _PROVEN_BEFORE:
+        r["host_lost"] = _PROVEN_BEFORE[r["action"]] + (
+            "; the clients' resume of its endpoints was sent, not confirmed" if in_flight and op == "resume" else ""
+        )
+    elif r["action"] in ("relaunch", "start"):
+        # Never stopped (a drain of its endpoints under way changes nothing on the instance).
+        still = "still stopped" if r["action"] == "start" else "still running as it was when last seen"
+        r.update(action=SKIPPED, msg=f"not touched: the host was lost during {during}; {still}")
+    elif in_flight and op == "record":
+        r["host_lost"] = "its last good settings may not be recorded (the host was lost while recording them)"
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f}s"
+
+
+def lost_words(
+    op: str, names: list[str], deadline_s: float, margin_s: float, why: str | None = None, waited_s: float | None = None
+) -> str:
+    """The host's line in the summary: which call went unanswered, and for how long (or why the
+    connection gave up first)."""
+    of = f" of {', '.join(names)}" if names else ""
+    parts = f"its deadline {_secs(deadline_s)} + sglang_retune_call_margin {_secs(margin_s)}"
+    bound = f"{_secs(deadline_s + margin_s)} ({parts})"
+    if why:
+        into = f" {_secs(waited_s)} into it" if waited_s is not None else ""
+        said = f"{why} during the {op} phase{of},{into} (its bound: {bound})"
+    else:
+        said = f"no answer to the {op} phase{of} within {bound}"
+    return f"HOST LOST: {said}; no further call was made to the host"
+
+
+LOST_AFTER = (
+    "rerun once the host answers again: the rerun finishes the job; the host lock's lease is left to expire "
+    "(sglang_retune_lock_ttl) or is taken over by a rerun from this controller"
+)
+
+
 # -- the host's report ------------------------------------------------------------------------
 
 

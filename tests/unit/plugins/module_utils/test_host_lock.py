@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -126,3 +127,31 @@ def test_an_unreadable_lock_file_is_held_until_it_expires(path: str) -> None:
     with pytest.raises(LockError, match="unreadable"):
         _host_lock.acquire(identity("run-a"), path, now=0.0)
     assert _host_lock.acquire(identity("run-a"), path)["took_over"]["run_id"] == "(unreadable lock file)"
+
+
+def test_a_gone_runs_lease_is_not_taken_over_while_its_phase_still_runs_on_the_host(path: str) -> None:
+    """A run that lost its host mid-phase (the host stopped answering) leaves the phase running
+    there once the host is back: a rerun must not act beside it, and may once it has ended."""
+    phase = subprocess.Popen(["sleep", "30"])
+    try:
+        _host_lock.acquire(identity("lost-run", ttl=60), path, now=1000.0)
+        with _host_lock.guard("lost-run", path, what="retune's start phase"):
+            busy = _host_lock.read(path)["busy"]
+        # guard names its own process while it runs and clears it after; the lost run's phase
+        # was left running, as this one:
+        assert busy["what"] == "retune's start phase" and "busy" not in _host_lock.read(path)
+        record = {
+            **_host_lock.read(path),
+            "renewed_at": 0.0,  # and past its TTL
+            "busy": {**busy, "pid": phase.pid, "starttime": _host_lock._starttime(phase.pid)},
+        }
+        Path(path).write_text(json.dumps(record))
+        with pytest.raises(LockError, match=r"retune's start phase still runs on this host \(PID \d+"):
+            _host_lock.acquire(identity("rerun"), path, take_over="lost-run", now=1010.0)
+        with pytest.raises(LockError, match="still runs on this host"), _host_lock.guard(None, path):
+            pytest.fail("the body must not run")  # past its TTL, but the phase still runs
+    finally:
+        phase.kill()
+        phase.wait()
+    got = _host_lock.acquire(identity("rerun"), path, take_over="lost-run", now=1010.0)
+    assert got["took_over"]["run_id"] == "lost-run" and "busy" not in got["lock"]

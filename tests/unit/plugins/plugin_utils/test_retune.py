@@ -10,7 +10,7 @@ import pytest
 from simulated_instance import B200, FIRST_TUNING, SIM_B200_SERVER_INFO, simulate
 
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.decide import decide
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import Retune, plan_waves
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.flow import HostLost, Retune, plan_waves
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options
 
 ARGV_OLD = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-mamba-cache-size", "80"]
@@ -1074,6 +1074,165 @@ def test_a_client_not_started_again_fails_the_host() -> None:
     assert out["msg"] == (
         f"generation client(s) NOT started again after the retune: {GEN} (failed/exit-code after systemctl start)"
     )
+
+
+# -- a host that stops answering mid-retune: lost, no further call --------------------------
+
+
+def lost_at(op: str, when: Any = None) -> Any:
+    """A phase hook: the host stops answering this call (the action plugin's bound passed), on
+    the first call of ``op``, or on the one whose instance names ``when`` gives."""
+
+    def hook(names: list[str], _i: Any, _o: Any) -> None:
+        if when is None or names == when:
+            raise HostLost(op, deadline_s=41.0, margin_s=30.0, waited_s=71.2)
+
+    return hook
+
+
+def test_a_host_lost_mid_start_gets_no_further_call_and_says_what_is_known() -> None:
+    insts, found = four()
+    host = Host(
+        found,
+        clients_found={GEN: answering(GEN, [30000, 30001, 30002, 30003])},
+        start=lost_at("start", ["gpu1", "gpu2", "gpu3"]),
+    )
+    out = run(host, insts, client_units=[GEN], canary=True)
+    # The call that went unanswered is the last: no resume of the drained wave, nothing after.
+    assert client_ops(host)[-4:] == [
+        ("drain", {GEN: [url(30001), url(30002), url(30003)]}),
+        ("stop", ["gpu1", "gpu2", "gpu3"]),
+        ("release", ["gpu1", "gpu2", "gpu3"]),
+        ("start", ["gpu1", "gpu2", "gpu3"]),
+    ]
+    r0, *rest = out["instances"]
+    assert r0["action"] == "relaunched" and r0["state"] == "running"
+    assert r0["host_lost"] == "relaunched and proven healthy before the host was lost"
+    for r in rest:
+        assert (r["action"], r["state"]) == ("failed", "unknown")
+        assert r["msg"] == (
+            "relaunch sent, not proven healthy: it may serve the new settings, or be DOWN (the host was lost)"
+        )
+    assert out["failed"] is True
+    assert out["msg"].startswith(
+        "HOST LOST: no answer to the start phase of gpu1, gpu2, gpu3 within 71s "
+        "(its deadline 41s + sglang_retune_call_margin 30s); no further call was made to the host; "
+        "gpu1, gpu2, gpu3: relaunch sent, not proven healthy"
+    )
+    assert "rerun once the host answers again" in out["msg"]
+    assert out["host_lost"] == {
+        "phase": "start",
+        "instances": ["gpu1", "gpu2", "gpu3"],
+        "rollback": False,
+        "deadline_s": 41.0,
+        "margin_s": 30.0,
+        "bound_s": 71.0,
+        "waited_s": 71.2,
+        "why": None,
+    }
+    lease = out["notes"][1].split("lapses by itself ")[1]
+    assert out["notes"][:2] == [
+        out["msg"].split("; gpu1,")[0],
+        f"client {GEN}: the drain of {url(30001)}, {url(30002)}, {url(30003)} is not resumed (the host was lost): "
+        f"it lapses by itself {lease}",
+    ]
+    assert float(lease.split("s after")[0]) > 2 * (300 + 300 + 3600)
+    assert out["round_trips"]["start"] == 2
+
+
+def test_a_host_lost_mid_stop_touches_nothing_more_not_even_the_stopped_clients() -> None:
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+    host = Host(
+        {"gpu0": facts("gpu0"), "gpu1": facts("gpu1", running=False)},
+        clients_found={GEN: silent(GEN)},
+        stop=lost_at("stop"),
+    )
+    out = run(host, insts, client_units=[GEN], canary=True)
+    assert host.ops()[-1] == ("stop", ["gpu0"])
+    assert "client_start" not in [op for op, _unused in host.ops()]
+    r0, r1 = out["instances"]
+    assert (r0["action"], r0["state"]) == ("failed", "unknown")
+    assert r0["msg"].startswith("stop sent, not proven dead: it may still run, or be DOWN")
+    assert (r1["action"], r1["state"]) == ("skipped", "stopped")
+    assert r1["msg"] == "not touched: the host was lost during the stop phase of gpu0; still stopped"
+    assert out["down"] == ["gpu0"]
+    assert (
+        f"client {GEN}: stopped for the retune, NOT started again (the host was lost): once the host answers, "
+        f"systemctl start {GEN} (a rerun leaves a stopped client alone)"
+    ) in out["notes"]
+
+
+def test_a_host_lost_while_a_rollback_starts_says_both() -> None:
+    first = {"done": False}
+
+    def start(names: list[str], instances: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any] | None:
+        if not first["done"]:
+            first["done"] = True
+            return crash_then_ok(names, instances, options)
+        raise HostLost("start", deadline_s=10.0, margin_s=5.0)
+
+    host = Host({"gpu0": facts("gpu0")}, start=start)
+    out = run(host, [instance("gpu0", 30000)])
+    assert [op for op, _unused in host.ops()] == ["inspect", "stop", "release", "start", "stop", "release", "start"]
+    (r,) = out["instances"]
+    assert (r["action"], r["state"]) == ("failed", "unknown")
+    assert r["msg"] == (
+        "new settings failed (crashed while starting); rollback: relaunch of its last good settings sent, "
+        "not proven healthy: it may serve them, or be DOWN (the host was lost)"
+    )
+    assert out["host_lost"]["rollback"] is True
+
+
+def test_a_host_lost_at_inspect_changes_nothing() -> None:
+    host = Host({"gpu0": facts("gpu0")}, inspect=lost_at("inspect"))
+    out = run(host, [instance("gpu0", 30000)])
+    assert host.ops() == [("inspect", ["gpu0"])]
+    assert out["failed"] is True and out["instances"] == []
+    assert out["msg"].startswith("HOST LOST: no answer to the inspect phase of gpu0 within 71s")
+    assert out["host_lost"]["phase"] == "inspect"
+
+
+@pytest.mark.parametrize(
+    "op", ["clients", "client_stop", "drain", "stop", "release", "start", "resume", "client_start"]
+)
+def test_no_call_follows_the_one_a_lost_host_did_not_answer(op: str) -> None:
+    """Whichever call goes unanswered, it is the last one made: neither the wave's resume nor the
+    clients' start (the flow's finally clauses) is tried on a lost host."""
+    insts = [instance("gpu0", 30000), instance("gpu1", 30001)]
+
+    def start_fails_to_resume(names: list[str], instances: Any, options: Any) -> dict[str, Any]:
+        # A rolled back canary: its endpoints are resumed by the resume phase, not by its start.
+        return crash_then_ok(names, instances, options)
+
+    behaviour: dict[str, Any] = {op: lost_at(op)}
+    if op == "resume":
+        behaviour["start"] = start_fails_to_resume
+    host = Host(
+        {"gpu0": facts("gpu0"), "gpu1": facts("gpu1")},
+        clients_found={GEN: answering(GEN, [30000, 30001]), OTHER: silent(OTHER)},
+        **behaviour,
+    )
+    out = run(host, insts, client_units=[GEN, OTHER], canary=True)
+    ops = [o for o, _unused in host.ops()]
+    assert ops[-1] == op and ops.count(op) == 1
+    assert out["failed"] is True
+    assert out["host_lost"]["phase"] == op
+    assert f"HOST LOST: no answer to the {op} phase" in out["msg"]
+    # Nothing is left said to be proven that was not: an instance is proven, untouched, or failed.
+    for r in out["instances"]:
+        assert r["action"] in ("relaunched", "rolled_back", "skipped", "failed"), r
+        assert r["action"] != "skipped" or r["state"] in ("running", "stopped")
+
+
+def test_a_host_lost_after_its_waves_names_what_was_proven() -> None:
+    insts = [instance("gpu0", 30000)]
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: silent(GEN)}, client_start=lost_at("client_start"))
+    out = run(host, insts, client_units=[GEN])
+    (r,) = out["instances"]
+    assert r["action"] == "relaunched"
+    assert r["host_lost"] == "relaunched and proven healthy before the host was lost"
+    assert f"client {GEN}: stopped for the retune, its start was sent, not confirmed" in " ".join(out["notes"])
+    assert out["failed"] is True
 
 
 # -- the fit pre-flight: settings SGLang would refuse at start are refused before any stop --------
