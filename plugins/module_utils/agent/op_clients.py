@@ -10,6 +10,7 @@ that do not answer; the start gives a following client the servers' key first)."
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from .client_keys import client_key, hand_over
@@ -151,6 +152,13 @@ def op_drain(req: dict[str, Any], host: Host) -> dict[str, Any]:
     return _socket_op(req, host, "drain", timeout + DRAIN_CALL_MARGIN, extra)
 
 
+def resume_call_timeout(req: Mapping[str, Any]) -> float:
+    """How long a resume's call on a control socket may take: the client's checks of the servers,
+    the wait for its word (``client_confirm_timeout``), and a margin."""
+    confirm = float(req.get("client_confirm_timeout") or 0.0)
+    return float(req.get("client_resume_timeout", RESUME_TIMEOUT)) + confirm + DRAIN_CALL_MARGIN
+
+
 def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
     """Resume the endpoints in each client: it re-reads each server's capacity and, within
     ``client_confirm_timeout`` seconds, says whether each endpoint is back in service (completing
@@ -158,7 +166,7 @@ def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
     key is handed it first."""
     confirm = float(req.get("client_confirm_timeout") or 0.0)
     extra = {"by": str(req.get("by") or "sglang-fleet retune"), "confirm": confirm}
-    timeout = float(req.get("client_resume_timeout", RESUME_TIMEOUT)) + confirm + DRAIN_CALL_MARGIN
+    timeout = resume_call_timeout(req)
 
     def key(unit: str) -> dict[str, Any]:
         api_key = hand_over(host, unit)

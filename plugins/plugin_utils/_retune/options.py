@@ -18,11 +18,11 @@ from typing import Any
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import (
     DRAIN_CALL_MARGIN,
     HELLO_TIMEOUT,
-    RESUME_TIMEOUT,
 )
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.op_clients import (
     CLIENT_START_TIMEOUT,
     CLIENT_STOP_TIMEOUT,
+    resume_call_timeout,
 )
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS, ROLE_VARS
 
@@ -426,7 +426,7 @@ def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     if op == "start":
         # The model load until /health answers, /health and /server_info again, the smoke
         # completions one after another, and the clients' resume of the wave once it is healthy.
-        resume = float(options.get("client_resume_timeout", RESUME_TIMEOUT)) if options.get("resume_clients") else 0.0
+        resume = resume_call_timeout(options) if options.get("resume_clients") else 0.0
         smoke = int(options["smoke_requests"]) * float(options["health_timeout"])
         return float(options["start_timeout"]) + 2 * http + smoke + resume
     if op == "clients":
@@ -434,7 +434,7 @@ def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     if op == "drain":
         return float(options["client_drain_timeout"]) + DRAIN_CALL_MARGIN
     if op == "resume":
-        return float(options.get("client_resume_timeout", RESUME_TIMEOUT))
+        return resume_call_timeout(options)
     if op == "client_stop":
         return float(options.get("client_stop_timeout", CLIENT_STOP_TIMEOUT))
     if op == "client_start":
