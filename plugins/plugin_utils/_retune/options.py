@@ -383,6 +383,14 @@ class Options:
         )
 
 
+def _resume(options: Mapping[str, Any]) -> float:
+    """A wave's endpoints handed back to the clients: the resume, and the time the clients are
+    given to confirm each endpoint back in service when the call asks for their word
+    (client_confirm_timeout), with the control socket's margin."""
+    confirm = float(options.get("client_confirm_timeout") or 0.0)
+    return float(options.get("client_resume_timeout", RESUME_TIMEOUT)) + confirm + DRAIN_CALL_MARGIN
+
+
 def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     """The deadline of one call of the retune to the host, derived from what the call carries
     (``options``: the agent options and the phase's own, as sent): the seconds the host may take
@@ -412,7 +420,7 @@ def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     if op == "start":
         # The model load until /health answers, /health and /server_info again, the smoke
         # completions one after another, and the clients' resume of the wave once it is healthy.
-        resume = float(options.get("client_resume_timeout", RESUME_TIMEOUT)) if options.get("resume_clients") else 0.0
+        resume = _resume(options) if options.get("resume_clients") else 0.0
         smoke = int(options["smoke_requests"]) * float(options["health_timeout"])
         return float(options["start_timeout"]) + 2 * http + smoke + resume
     if op == "clients":
@@ -420,7 +428,7 @@ def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     if op == "drain":
         return float(options["client_drain_timeout"]) + DRAIN_CALL_MARGIN
     if op == "resume":
-        return float(options.get("client_resume_timeout", RESUME_TIMEOUT))
+        return _resume(options)
     if op == "client_stop":
         return float(options.get("client_stop_timeout", CLIENT_STOP_TIMEOUT))
     if op == "client_start":

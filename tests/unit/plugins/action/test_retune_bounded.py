@@ -172,7 +172,9 @@ def test_the_bound_is_the_deadline_the_call_carries_plus_the_margin() -> None:
     assert call_deadline("stop", stop) == 300 + 40 + 300 + 80
     start = {**options, "start_timeout": 3600, "health_timeout": 120, "smoke_requests": 2}
     assert call_deadline("start", start) == 3600 + 60 + 240
-    assert call_deadline("start", {**start, "resume_clients": {"u": ["url"]}}) == 3600 + 60 + 240 + 45
+    assert call_deadline("start", {**start, "resume_clients": {"u": ["url"]}}) == 3600 + 60 + 240 + 45 + 15
+    # The clients' word on the resumed endpoints, when the call asks for it, is waited for too.
+    assert call_deadline("resume", {**options, "client_confirm_timeout": 60}) == 45 + 60 + 15
     assert call_deadline("drain", {**options, "client_drain_timeout": 120}) == 120 + 15
     assert call_deadline("record", options) == 0
     assert Options().call_margin == 120
