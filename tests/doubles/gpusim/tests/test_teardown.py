@@ -146,6 +146,7 @@ def test_cgroup_kill_holds_every_process(tsim):
     sglang = [p for p, (_, cl) in srv.children().items() if cl.startswith("sglang::")]
     assert len(sglang) == 3  # two schedulers and the detokenizer
     watched = [srv.pid, *sglang]
+    t0 = time.monotonic()
     os.killpg(srv.pid, signal.SIGKILL)
     time.sleep(0.5)
     assert {p: procutil.state(p) for p in watched} == dict.fromkeys(watched, "t")
@@ -153,7 +154,11 @@ def test_cgroup_kill_holds_every_process(tsim):
         p for p in sglang if procutil.cmdline(p)[0].startswith("sglang::scheduler")
     )
     time.sleep(TEARDOWN - 0.9)
-    assert all(exists(p) for p in watched)
+    alive = {p: exists(p) for p in watched}
+    # Judged only when the look came before the teardown's end: a loaded machine can oversleep
+    # past it, and then their being gone says nothing.
+    if time.monotonic() - t0 < TEARDOWN - 0.2:
+        assert all(alive.values()), alive
     for p in watched:
         wait_gone(p, 5)
 
