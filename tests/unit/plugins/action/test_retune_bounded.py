@@ -14,43 +14,12 @@ from unittest.mock import MagicMock
 
 import pytest
 from ansible.errors import AnsibleConnectionFailure
-from ansible.playbook.task import Task
+from retune_action import FACTS_OLD, make_action, resolved
 
 from ansible_collections.sglang_ops.fleet.plugins.action.retune import ActionModule
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.bounded import CallTimedOut, bounded, children
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._retune.options import Options, call_deadline
 
-ARGV = ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-running-requests", "64"]
-INSTANCE = {
-    "name": "gpu0",
-    "unit": "sglang-gpu0.service",
-    "gpus": [0],
-    "port": 30000,
-    "container": None,
-    "argv": ARGV,
-    "env": {"CUDA_VISIBLE_DEVICES": "0"},
-    "expected_server_info": {"max_running_requests": 64},
-    "fingerprint": "fp1",
-}
-FACTS_OLD = {
-    "name": "gpu0",
-    "running": True,
-    "active_state": "active",
-    "sub_state": "running",
-    "main_pid": 4242,
-    "invocation_id": "inv-a",
-    "argv": ["/py", "-m", "sglang.launch_server", "--port", "30000", "--max-running-requests", "16"],
-    "argv_matches": False,
-    "env_mismatches": {},
-    "health_status": 200,
-    "server_info_status": 200,
-    "server_info": {"max_running_requests": 16},
-    "effective_max_running_requests": 16,
-    "installed_fingerprint": "fp1",
-    "has_last_good": True,
-    "gpu_used_mib": {"0": 131000},
-    "foreign": [],
-}
 # Deadlines of a fraction of a second: the stop phase's is 0.1 + 4 x 0.1 + 0.2 + 2 x 2 x 0.05 s.
 FAST = {
     "stop_timeout": 0.1,
@@ -63,18 +32,6 @@ FAST = {
     "client_units": [],
 }
 STOP_BOUND = 0.1 + 4 * 0.1 + 0.2 + 4 * 0.05 + 0.5
-
-
-def make_action(args: dict[str, Any]) -> ActionModule:
-    task = MagicMock(Task)
-    task.args = args
-    task.check_mode = False
-    task.diff = False
-    task.async_val = 0
-    task.action = "sglang_ops.fleet.retune"
-    play_context = MagicMock()
-    play_context.check_mode = False
-    return ActionModule(task, MagicMock(), play_context, loader=None, templar=None, shared_loader_obj=None)
 
 
 class FrozenHost:
@@ -103,7 +60,7 @@ class FrozenHost:
 
 
 def run_retune(host: FrozenHost) -> tuple[ActionModule, dict[str, Any], float]:
-    action = make_action({"instances": [INSTANCE], **FAST})
+    action = make_action({"instances": resolved(), **FAST})
     action._execute_module = MagicMock(side_effect=host)
     t0 = time.monotonic()
     result = action.run(task_vars={"inventory_hostname": "node1"})
@@ -154,7 +111,7 @@ def test_a_connection_that_gives_up_first_loses_the_host_too() -> None:
             return {"instances": {"gpu0": FACTS_OLD}}
         raise AnsibleConnectionFailure("Failed to connect to the host via ssh: Timeout, server node1 not responding.")
 
-    action = make_action({"instances": [INSTANCE], **FAST})
+    action = make_action({"instances": resolved(), **FAST})
     action._execute_module = MagicMock(side_effect=execute)
     result = action.run(task_vars={"inventory_hostname": "node1"})
     assert calls == ["inspect", "stop"]
