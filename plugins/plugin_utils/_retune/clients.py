@@ -322,6 +322,16 @@ class RetuneClients:
         resumes it as soon as the whole wave is healthy, in its own round trip."""
         return {unit: list(entry["endpoints"]) for unit, entry in self._drained.items()}
 
+    def hand_back(self, wave: list[str]) -> dict[str, Any]:
+        """What a resume of ``wave``'s endpoints carries, whether the start phase or a resume phase
+        of its own hands them back: who asks, how long the clients are given for their word, and
+        that the servers' key goes to the clients that follow it."""
+        return {
+            "by": f"sglang-fleet retune of {_names(wave)}",
+            "client_confirm_timeout": self.opts.client_confirm_timeout,
+            "client_keys": True,
+        }
+
     def resumed_by_start(self, answers: Mapping[str, Any] | None) -> None:
         """Take the start phase's resume answers; what they did not resume, resume() still does."""
         for unit, answer in (answers or {}).items():
@@ -338,16 +348,7 @@ class RetuneClients:
         if not drained:
             return
         plan = {unit: list(entry["endpoints"]) for unit, entry in drained.items()}
-        result = self.run_phase(
-            "resume",
-            wave,
-            {
-                "clients": plan,
-                "by": f"sglang-fleet retune of {_names(wave)}",
-                "client_confirm_timeout": self.opts.client_confirm_timeout,
-                "client_keys": True,
-            },
-        )
+        result = self.run_phase("resume", wave, {"clients": plan, **self.hand_back(wave)})
         failure = _failure("resume", result)
         for unit, entry in drained.items():
             answer = _answer(result, failure, unit, {"ok": False, "error": failure})

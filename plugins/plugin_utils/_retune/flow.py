@@ -405,13 +405,8 @@ class Retune:
             "min_max_running_requests": None if rollback else self.opts.min_max_running_requests,
             "smoke_requests": self.opts.smoke_requests,
         }
-        if resume:
-            extra.update(
-                resume_clients=dict(resume),
-                by=f"sglang-fleet retune of {', '.join(names)}",
-                client_confirm_timeout=self.opts.client_confirm_timeout,
-                client_keys=True,
-            )
+        if resume and self.clients is not None:
+            extra.update(resume_clients=dict(resume), **self.clients.hand_back(names))
         start = self._phase_or_fail(
             "start",
             names,
