@@ -48,6 +48,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "nvidia_smi_timeout": BY_NAME["nvidia_smi_timeout"].spec(),
     "http_timeout": BY_NAME["http_timeout"].spec(),
     "pct": BY_NAME["pct"].spec(),
+    "supervisor": BY_NAME["supervisor"].spec(),
+    "supervisor_root": BY_NAME["supervisor_root"].spec(),
     "client_units": {"type": "list", "elements": "str", "default": []},
     "measure": {"type": "bool", "default": False},
     "measure_options": {"type": "dict", "default": {}},

@@ -104,6 +104,16 @@ options:
     description: The C(pct) command on a Proxmox node.
     type: str
     default: pct
+  supervisor:
+    description:
+      - What supervises the instances and clients on the host - C(systemd), or C(supervisord) on a pod.
+        Set by the server role's sglang_server_supervisor.
+    type: str
+    default: systemd
+  supervisor_root:
+    description: On a pod, where supervisord's files live. Set by the server role's sglang_server_supervisor_root.
+    type: path
+    default: /workspace/sglang-fleet
   measure:
     description:
       - Opt in to the stepped measurement after the window, on every instance of the host at once.

@@ -192,6 +192,18 @@ options:
     description: Where the C(nvidiaN) device nodes are.
     type: path
     default: /dev
+  supervisor:
+    description:
+      - What supervises the instances and clients on the host - C(systemd), or C(supervisord) on a pod.
+        Set by the server role's sglang_server_supervisor.
+    type: str
+    default: systemd
+  supervisor_root:
+    description:
+      - On a pod, where supervisord's files live (see the server role). Set by the server role's
+        sglang_server_supervisor_root.
+    type: path
+    default: /workspace/sglang-fleet
   secrets_file:
     description: Root-only environment file holding C(SGLANG_API_KEY) (read on the host, never sent back).
     type: path

@@ -43,6 +43,12 @@ options:
         type: list
         elements: dict
         default: []
+      health_urls:
+        description:
+          - Each unit's /health URL. Where the supervisor's start does not wait for the server to
+            answer (supervisord), the start of a unit waits for it here, within O(start_timeout).
+        type: dict
+        default: {}
       units:
         description: The instance units here.
         type: list
@@ -86,6 +92,14 @@ options:
     description: Where the desired-settings records are written; a record written here is a desired record.
     type: path
     required: true
+  supervisor:
+    description: What supervises the instances - C(systemd) units, or C(supervisord) programs on a pod.
+    type: str
+    choices: [systemd, supervisord]
+    default: systemd
+  supervisor_root:
+    description: On a pod, where supervisord's files live (the server role's C(sglang_server_supervisor_root)).
+    type: path
   lock_run_id:
     description:
       - The run that holds the host lock (M(sglang_ops.fleet.host_lock) sets C(sglang_fleet_lock));
@@ -140,6 +154,8 @@ def main() -> None:
             "secrets_file": {"type": "path", "required": True},
             "state_dir": {"type": "path", "required": True},
             "desired_dir": {"type": "path", "required": True},
+            "supervisor": {"type": "str", "choices": ["systemd", "supervisord"], "default": "systemd"},
+            "supervisor_root": {"type": "path"},
             "lock_run_id": {"type": "str"},
         },
         supports_check_mode=True,
@@ -173,10 +189,14 @@ def converge(module: AnsibleModule) -> None:
             "directories": target.get("directories") or [],
             "files": list(target.get("files") or []) + secrets_by_place.get(container, []),
             "units": target.get("units") or [],
+            "health_urls": target.get("health_urls") or {},
             "enable": target.get("enable", True),
             "start": target.get("start", True),
             "start_timeout": module.params["start_timeout"],
-            **{key: module.params[key] for key in ("secrets_file", "state_dir", "desired_dir")},
+            **{
+                key: module.params[key]
+                for key in ("secrets_file", "state_dir", "desired_dir", "supervisor", "supervisor_root")
+            },
         }
         key = "host" if container is None else str(container)
         res = run_agent(request, container, module.params["pct"])

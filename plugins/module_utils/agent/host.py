@@ -1,7 +1,8 @@
 # Copyright: sglang-fleet contributors
 # Apache License 2.0 (see LICENSE)
-"""The host as the operations see it: one object bundling systemd, /proc, nvidia-smi, HTTP, the
-files and records, and the clock, with the request's tool paths, timeouts and secrets. The
+"""The host as the operations see it: one object bundling its supervisor (systemd or supervisord:
+``host.service``, see ``supervision``), /proc, nvidia-smi, HTTP, the files and records, and the
+clock, with the request's tool paths, timeouts and secrets. The
 operations act on the host only through it, so unit tests give them a fake host (a subclass that
 answers from data) and check their decisions without systemd, GPUs or servers."""
 
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import clients, http_client, nvidia, procfs, systemd
+from . import clients, http_client, nvidia, procfs, supervision, systemd
 from .evidence import EvidenceError, Redactor, read_env_file
 from .request import need
 from .state import StateFiles, file_state, write_atomic
@@ -27,7 +28,8 @@ class Host:
         self.secrets_file = need(req, "secrets_file")
         self.load_secrets()
         self.managed_units = list(req.get("managed_units", []))
-        self.unit_dir = systemd.UNIT_DIR
+        # Acts through self.systemctl on a systemd host, so a test's fake systemctl sees each call.
+        self.service = supervision.for_request(req, self.systemctl)
         self.client_socket_dir = req.get("client_socket_dir", clients.SOCKET_DIR)
 
     # What only some operations read is required when first read (an apply reads no nvidia-smi).
@@ -74,24 +76,23 @@ class Host:
         """:func:`waiting.wait_until` on this host's clock, polling every ``poll_interval``."""
         return wait_until(ready, deadline, self.poll, self.monotonic, self.sleep)
 
-    # -- systemd ------------------------------------------------------------------------------
+    # -- the services (instances and clients), through the host's supervisor -------------------
 
     def units(self, names: list[str]) -> dict[str, dict[str, str]]:
-        return systemd.systemctl_show(names)
+        """Each service's state, in systemd's words (see ``supervision``)."""
+        return self.service.show(names)
 
     def systemctl(self, args: list[str], timeout: float = 60.0) -> dict[str, Any]:
+        """systemctl itself: only the systemd supervision calls it."""
         return systemd.systemctl(args, timeout)
 
     def journal(self, invocation_id: str, unit: str, lines: int) -> list[str]:
-        return systemd.journal_tail(invocation_id, unit, lines, self.redactor)
-
-    def unit_path(self, unit: str) -> str:
-        return os.path.join(self.unit_dir, unit)
+        return self.service.log_tail(invocation_id, unit, lines, self.redactor)
 
     # -- processes ----------------------------------------------------------------------------
 
     def processes(self) -> dict[int, dict[str, Any]]:
-        return procfs.process_table(self.devices_dir)
+        return procfs.process_table(self.devices_dir, self.service.group_of)
 
     def listening_ports(self) -> set[int]:
         return set(procfs.listening_sockets().values())
@@ -103,7 +104,8 @@ class Host:
         return procfs.proc_environ(pid)
 
     def cgroup(self, pid: int) -> str:
-        return procfs.proc_cgroup(pid)
+        """The process's group key: its cgroup on systemd, its service's marker on a pod."""
+        return self.service.group_of(pid)
 
     def user(self, pid: int) -> str | None:
         uid = procfs.proc_uid(pid)
@@ -149,8 +151,8 @@ class Host:
         return clients.call(self.client_socket(unit), request, timeout)
 
     def client_env_files(self, unit: str) -> list[str]:
-        """The environment files of a client's unit, in the order systemd reads them."""
-        return systemd.environment_files(unit)
+        """The environment files of a client's service, in the order its start reads them."""
+        return self.service.env_files(unit)
 
     def is_local_host(self, host: str) -> bool:
         return clients.is_local_host(host)

@@ -16,7 +16,13 @@ from .host import Host
 from .request import need
 from .settings import process_evidence
 from .state import load_json, owner_ids, sha256, write_atomic
-from .systemd import identity, verify_unit_text
+from .supervision import identity
+from .waiting import wait_until
+
+# A deploy's wait for /health where the supervisor's start does not wait for it: the unit's own
+# health wait's poll (sglang-fleet-wait-healthy), and each request's bound.
+HEALTH_POLL = 1.0
+HEALTH_TIMEOUT = 10.0
 
 
 def op_apply(req: dict[str, Any], host: Host) -> dict[str, Any]:
@@ -92,13 +98,13 @@ def _converge_files(
                 "before": before.get("text", ""),
                 "after": content,
             }
-        if content_changed and path.endswith(".service") and spec.get("verify", True) and not secret:
-            problem = verify_unit_text(os.path.basename(path), content)
+        if content_changed and host.service.is_definition(path) and spec.get("verify", True) and not secret:
+            problem = host.service.verify(os.path.basename(path), content)
             if problem:
                 return unit_changed, {"failed": True, "msg": problem, "files": result["files"]}
         if entry["changed"]:
             result["changed"] = True
-            if path.endswith((".service", ".conf")) and path.startswith(host.unit_dir):
+            if host.service.is_definition(path):
                 unit_changed = True
             if not check:
                 write_atomic(path, content, mode, owner, group)
@@ -107,9 +113,9 @@ def _converge_files(
 
 
 def _daemon_reload(host: Host, check: bool, result: dict[str, Any]) -> dict[str, Any] | None:
-    result["actions"].append("systemctl daemon-reload")
+    result["actions"].append(host.service.reload_action)
     if not check:
-        res = host.systemctl(["daemon-reload"])
+        res = host.service.reload()
         if res["rc"] != 0:
             return {"failed": True, "msg": f"daemon-reload failed: {res}", **result}
     return None
@@ -119,11 +125,11 @@ def _enable_units(req: dict[str, Any], host: Host, check: bool, result: dict[str
     if not req.get("enable"):
         return None
     for unit in req.get("units", []):
-        if host.systemctl(["is-enabled", unit], timeout=30)["stdout"].strip() == "enabled":
+        if host.service.is_enabled(unit):
             continue
         _did(result, f"enable {unit}")
         if not check:
-            res = host.systemctl(["enable", unit])
+            res = host.service.enable(unit)
             if res["rc"] != 0:
                 return {"failed": True, "msg": f"enable {unit} failed: {res}", **result}
     return None
@@ -149,9 +155,13 @@ def _start_units(
         return None
     # A deploy asks for these starts: clear a start-rate limit left by earlier failures (the
     # unit's start guard still waits for free GPUs and port).
-    host.systemctl(["reset-failed", *to_start])
-    # Blocks until each unit's ExecStartPost health wait succeeds (TimeoutStartSec).
-    res = host.systemctl(["start", *to_start], timeout=timeout)
+    host.service.reset_failed(to_start)
+    # Blocks until each start has ended (on systemd, until the unit's ExecStartPost health wait
+    # succeeds: TimeoutStartSec).
+    t0 = host.monotonic()
+    res = host.service.start(to_start, wait=True, timeout=timeout)
+    if res["rc"] == 0 and not host.service.start_waits_for_health:
+        res = _wait_healthy(host, to_start, dict(req.get("health_urls") or {}), t0 + timeout)
     if res["rc"] == 0:
         return None
     host.load_secrets()  # this run may just have written the secrets file
@@ -167,6 +177,28 @@ def _start_units(
         "journal": tails,
         **result,
     }
+
+
+def _wait_healthy(host: Host, units: list[str], urls: dict[str, str], deadline: float) -> dict[str, Any]:
+    """Wait until each started unit's server answers /health 200 (a supervisor whose start does
+    not wait for it), or one of them fails, or the deadline passes: an outcome like the start's."""
+    pending = [u for u in units if urls.get(u)]
+    failed: list[str] = []
+
+    def done() -> bool:
+        states = host.units(pending)
+        for unit in list(pending):
+            if states[unit].get("ActiveState") == "failed":
+                failed.append(unit)
+                pending.remove(unit)
+            elif host.http(urls[unit], HEALTH_TIMEOUT)[0] == 200:
+                pending.remove(unit)
+        return not pending
+
+    wait_until(done, deadline, HEALTH_POLL, host.monotonic, host.sleep)
+    bad = failed + pending
+    why = ", ".join([*(f"{u} failed" for u in failed), *(f"{u} not healthy in time" for u in pending)])
+    return {"cmd": "wait for /health of " + " ".join(units), "rc": 1 if bad else 0, "stdout": "", "stderr": why}
 
 
 def keep_running_as_last_good(req: dict[str, Any], host: Host, check: bool) -> list[str]:
@@ -187,7 +219,7 @@ def keep_running_as_last_good(req: dict[str, Any], host: Host, check: bool) -> l
         name, unit = new.get("name"), new.get("unit")
         if not isinstance(name, str) or not isinstance(unit, str):
             continue
-        unit_path = host.unit_path(unit)
+        unit_path = host.service.definition_path(unit)
         unit_spec = specs.get(unit_path)
         before = host.file_state(unit_path)
         if unit_spec is None or not before["exists"] or before["sha256"] == sha256(unit_spec["content"].encode()):

@@ -4,7 +4,7 @@
 their control socket, which of the retune's instances each sends to, whether each has the servers'
 API key or follows it), ``drain`` and ``resume`` (endpoints of one wave, through the control socket;
 the resume hands the servers' key to a client that follows it and waits for the client's word that
-each endpoint is back in service), ``client_stop`` and ``client_start`` (systemctl, for the clients
+each endpoint is back in service), ``client_stop`` and ``client_start`` (through the supervisor, for the clients
 that do not answer; the start gives a following client the servers' key first)."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from .clients import DRAIN_CALL_MARGIN, HELLO_TIMEOUT, RESUME_TIMEOUT, ClientErr
 from .evidence import EvidenceError
 from .host import Host, parallel
 from .request import need
-from .systemd import stopped
+from .supervision import stopped
 
 # A client's stop drains its own requests and uploads its shard (its unit's TimeoutStopSec bounds
-# it); systemctl is given this long before the stop counts as failed.
+# it); the supervisor is given this long before the stop counts as failed.
 CLIENT_STOP_TIMEOUT = 900.0
 CLIENT_START_TIMEOUT = 120.0
 RUNNING_STATES = ("active", "activating", "reloading")
@@ -176,11 +176,11 @@ def op_resume(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
 
 def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
-    """``systemctl stop`` the client units (SIGTERM: the client finishes its requests in flight and
+    """Stop the client services (SIGTERM: the client finishes its requests in flight and
     closes its shard), and say how each ended."""
     units = client_units(req)
     t0 = host.monotonic()
-    res = host.systemctl(["stop", "--", *units], timeout=float(req.get("client_stop_timeout", CLIENT_STOP_TIMEOUT)))
+    res = host.service.stop(units, wait=True, timeout=float(req.get("client_stop_timeout", CLIENT_STOP_TIMEOUT)))
     elapsed = round(host.monotonic() - t0, 3)
     states = host.units(units)
     out = {}
@@ -201,7 +201,7 @@ def op_client_stop(req: dict[str, Any], host: Host) -> dict[str, Any]:
 
 
 def op_client_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
-    """``systemctl start`` the client units (the client resumes its job where it stopped); with
+    """Start the client services (the client resumes its job where it stopped); with
     ``client_keys`` (a retune), each that follows the servers' API key given it first (its
     environment file)."""
     units = client_units(req)
@@ -211,7 +211,7 @@ def op_client_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
             hand_over(host, unit)
         except (OSError, EvidenceError) as exc:  # started all the same: it generates where it can
             key_errors[unit] = f"the servers' API key could not be given to it: {exc}"
-    res = host.systemctl(["start", "--", *units], timeout=float(req.get("client_start_timeout", CLIENT_START_TIMEOUT)))
+    res = host.service.start(units, wait=True, timeout=float(req.get("client_start_timeout", CLIENT_START_TIMEOUT)))
     states = host.units(units)
     out = {}
     for unit in units:

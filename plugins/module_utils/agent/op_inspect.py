@@ -20,7 +20,7 @@ from .procfs import classify_processes, in_cgroup
 from .request import need
 from .settings import process_evidence
 from .stall import probe_stall
-from .systemd import identity
+from .supervision import identity
 
 
 def op_inspect(req: dict[str, Any], host: Host) -> dict[str, Any]:

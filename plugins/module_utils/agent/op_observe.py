@@ -17,25 +17,16 @@ concurrency follows the server's. It returns the raw observations; the controlle
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from typing import Any, Callable
 
-from .evidence import EvidenceError, Redactor, clip, kill_group, run_cmd
+from .evidence import EvidenceError, clip
 from .host import Host, parallel
 from .http_client import effective_max_running_requests, instance_url
 from .metrics_text import metric_values
 from .op_clients import clients_by_instance
 from .op_measure import measure_instance, workload_shape
 from .request import need
-from .systemd import identity
-
-# The scheduler's startup lines to read are the controller's (``journal_pattern``: what
-# plugin_utils/_capacity/model_facts.py parses, JOURNAL_PATTERN), sent with the request.
-# The last startup line: reading a journal from its start (no --grep) stops there.
-LAST_STARTUP_LINE = "max_total_num_tokens="
-JOURNAL_MAX_LINES = 200
-HEAD_MAX_LINES = 50000
+from .supervision import identity
 
 # /metrics: gauges (the largest value over the instance's series: TP/DP ranks) and counters (the
 # sum over the series: is_streaming, ...).
@@ -275,64 +266,9 @@ def measured(
 def startup_journal(host: Host, invocation_id: str, unit: str, pattern: str) -> tuple[list[str], str, str | None]:
     """(lines, how they were read, error). A host object may bring its own reader as
     ``startup_journal(invocation_id, unit, pattern)`` (the unit tests' fake host does); the real
-    host reads the journal of the unit's current invocation with ``journalctl --grep``, and from
-    its start up to the last startup line where journalctl cannot match patterns."""
+    host asks its supervisor for the lines of the service's current launch (the journal, or the
+    program's log file)."""
     reader: Callable[[str, str, str], list[str]] | None = getattr(host, "startup_journal", None)
     if reader is not None:
         return list(reader(invocation_id, unit, pattern)), "host", None
-    return journal_startup_lines(invocation_id, unit, pattern, host.redactor)
-
-
-def _journal_argv(invocation_id: str, unit: str) -> list[str]:
-    where = [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
-    return ["journalctl", "--no-pager", "-o", "cat", *where]
-
-
-def journal_startup_lines(
-    invocation_id: str, unit: str, pattern: str, redactor: Redactor
-) -> tuple[list[str], str, str | None]:
-    argv = [*_journal_argv(invocation_id, unit), "--grep", pattern]
-    rc, out, err = run_cmd(argv, timeout=60)
-    lines = [redactor.text(line) for line in out.splitlines() if line.strip()]
-    if rc == 0 or (rc == 1 and not err.strip()) or (lines and rc is not None):
-        return lines[-JOURNAL_MAX_LINES:], "journalctl --grep", None
-    if rc is not None and ("pattern" in err.lower() or "grep" in err.lower() or "pcre" in err.lower()):
-        return journal_head(invocation_id, unit, pattern, redactor)
-    return [], "journalctl --grep", f"ran {' '.join(argv)!r}: rc={rc}, stderr={clip(err, 300)!r}"
-
-
-def journal_head(
-    invocation_id: str, unit: str, pattern: str, redactor: Redactor, timeout: float = 60.0
-) -> tuple[list[str], str, str | None]:
-    """The matching lines of the journal from the run's start, reading no further than the last
-    startup line (or ``HEAD_MAX_LINES``): for a journalctl built without pattern matching."""
-    argv = _journal_argv(invocation_id, unit)
-    wanted = re.compile(pattern)
-    found: list[str] = []
-    try:
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
-        )
-    except FileNotFoundError as exc:
-        return [], "journalctl", str(exc)
-    timer = None
-    try:
-        import threading  # noqa: PLC0415 (only on this fallback path)
-
-        timer = threading.Timer(timeout, kill_group, args=(proc.pid,))
-        timer.start()
-        if proc.stdout is None:
-            raise AssertionError("Popen with stdout=PIPE has a stdout")
-        for count, line in enumerate(proc.stdout):
-            if wanted.search(line):
-                found.append(redactor.text(line.rstrip("\n")))
-                if LAST_STARTUP_LINE in line:
-                    break
-            if count >= HEAD_MAX_LINES:
-                break
-    finally:
-        if timer is not None:
-            timer.cancel()
-        kill_group(proc.pid)
-        proc.wait()
-    return found[-JOURNAL_MAX_LINES:], "journalctl (from the start of the run)", None
+    return host.service.startup_lines(invocation_id, unit, pattern, host.redactor)

@@ -17,7 +17,7 @@ from .procfs import in_cgroup
 from .request import need
 from .settings import describe_server_info, differences, process_evidence
 from .state import sha256
-from .systemd import identity
+from .supervision import identity
 
 
 def op_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def op_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
             if host.file_state(unit_path).get("sha256") != sha256(record["unit_text"].encode()):
                 host.write_file(unit_path, record["unit_text"], 0o644)
                 res["actions"].append(f"restored last good unit {unit_path}")
-                host.systemctl(["daemon-reload"])
+                host.service.reload()
         else:
             desired = host.state.desired(name) or {}
             if desired.get("fingerprint") != inst["fingerprint"]:
@@ -73,11 +73,11 @@ def op_start(req: dict[str, Any], host: Host) -> dict[str, Any]:
     if not ready:
         return {"instances": out}
     units = [i["unit"] for i in ready]
-    host.systemctl(["reset-failed", *units])
+    host.service.reset_failed(units)
     t0 = host.monotonic()
-    res_start = host.systemctl(["start", "--no-block", *units])
+    res_start = host.service.start(units, wait=False)
     for inst in ready:
-        out[inst["name"]]["actions"].append(f"systemctl start --no-block (rc={res_start['rc']})")
+        out[inst["name"]]["actions"].append(f"{res_start['cmd']} (rc={res_start['rc']})")
 
     def start_one(inst: dict[str, Any]) -> dict[str, Any]:
         return _prove_started(host, inst, t0, start_timeout, health_timeout, req)
@@ -252,7 +252,7 @@ def smoke_requests(host: Host, inst: dict[str, Any], count: int, timeout: float,
 
 def record_last_good(host: Host, inst: dict[str, Any]) -> None:
     """Keep ``inst``'s settings, with the unit file installed now, as its last good settings."""
-    unit_path = host.unit_path(inst["unit"])
+    unit_path = host.service.definition_path(inst["unit"])
     host.state.write_last_good(inst, unit_path, host.file_state(unit_path).get("text", ""))
 
 

@@ -12,7 +12,7 @@ from .host import Host
 from .op_inspect import collect_holders, describe
 from .procfs import in_cgroup
 from .request import need
-from .systemd import stopped
+from .supervision import stopped
 
 
 def wait_units(
@@ -92,7 +92,7 @@ class _Stop:
                 self.actions[inst["name"]].append(action)
 
     def stop_units(self) -> None:
-        """systemctl stop what runs (or waits to restart); wait for each unit within its deadline."""
+        """Stop what runs (or waits to restart); wait for each unit within its deadline."""
         host, before = self.host, self.before
         to_stop = [
             u
@@ -100,8 +100,8 @@ class _Stop:
             if before[u].get("ActiveState") not in ("inactive",) or before[u].get("SubState") == "auto-restart"
         ]
         if to_stop:
-            res = host.systemctl(["stop", "--no-block", *to_stop])
-            self._record(to_stop, f"systemctl stop (rc={res['rc']})")
+            res = host.service.stop(to_stop, wait=False)
+            self._record(to_stop, f"{res['cmd']} (rc={res['rc']})")
 
         def settled() -> bool:
             self.state.update(host.units(self.units))
@@ -111,8 +111,8 @@ class _Stop:
         host.wait(settled, self.t0 + max(self.deadline_s.values(), default=0.0))
 
     def escalate(self) -> None:
-        """The drain did not finish in time (or the main process ignores SIGTERM): SIGKILL the
-        whole unit cgroup, which is exactly the instance's processes."""
+        """The drain did not finish in time (or the main process ignores SIGTERM): SIGKILL every
+        process of the service (its cgroup, or its marker), which is exactly the instance's."""
         host = self.host
         self.escalated = [u for u in self.units if not stopped(self.state[u])]
         if self.escalated:
@@ -122,13 +122,13 @@ class _Stop:
                 for pid, p in host.processes().items()
                 if any(in_cgroup(p["cgroup"], c) for c in escalated_cgroups)
             }
-            res = host.systemctl(["kill", "--kill-whom=all", "--signal=SIGKILL", *self.escalated])
+            res = host.service.kill_all(self.escalated)
             for inst in self.instances:
                 if inst["unit"] in self.escalated:
                     self.actions[inst["name"]].append(
                         f"stop deadline {self.deadline_s[inst['unit']]:.0f}s passed"
                         + (" (wedged: no drain to wait for)" if inst.get("wedged") else "")
-                        + f": systemctl kill SIGKILL (rc={res['rc']})"
+                        + f": {res['cmd']} (rc={res['rc']})"
                     )
             self.state = wait_units(host, self.units, stopped, self.kill_timeout)
         self.unit_stopped_at = {u: host.monotonic() - self.t0 for u in self.units}
@@ -185,8 +185,8 @@ class _Stop:
             st = final[unit]
             if st.get("ActiveState") == "failed":
                 # A stop that ended in SIGKILL leaves the unit failed; clear it so a start is clean.
-                host.systemctl(["reset-failed", unit])
-                self.actions[name].append("systemctl reset-failed")
+                res = host.service.reset_failed([unit])
+                self.actions[name].append(res["cmd"])
             out[name] = self._entry(inst, st)
         return out
 

@@ -11,7 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Callable
 
 from .evidence import EvidenceError, Redactor
 from .waiting import wait_until
@@ -113,9 +113,11 @@ def listening_sockets() -> dict[int, int]:
     return inodes
 
 
-def process_table(devices_dir: str = "/dev") -> dict[int, dict[str, Any]]:
+def process_table(devices_dir: str = "/dev", group_of: Callable[[int], str] | None = None) -> dict[int, dict[str, Any]]:
     """Every process with what identifies it and what it holds: GPU device handles
-    (open /dev/nvidiaN) and listening TCP ports. One pass over /proc."""
+    (open /dev/nvidiaN) and listening TCP ports. One pass over /proc. ``cgroup`` is the process's
+    group key (``group_of``: its service's, see ``supervision``; by default its cgroup)."""
+    group_of = group_of or proc_cgroup
     listen = listening_sockets()
     gpu_dev = re.compile("^" + re.escape(devices_dir.rstrip("/")) + r"/nvidia(\d+)$")
     table: dict[int, dict[str, Any]] = {}
@@ -156,7 +158,7 @@ def process_table(devices_dir: str = "/dev") -> dict[int, dict[str, Any]]:
             "state": stat["state"],
             "starttime": stat["starttime"],
             "cmdline": proc_cmdline(pid),
-            "cgroup": proc_cgroup(pid),
+            "cgroup": group_of(pid),
             "gpus": sorted(gpus),
             "ports": sorted(ports),
         }

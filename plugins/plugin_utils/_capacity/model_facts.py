@@ -415,7 +415,7 @@ class _Derivation:
         lines = self.lines
         if lines.weights_gib is not None:
             count = len(lines.weights_before_pools)
-            self.sources["weights_gib"] = "journal: Load weight end (mem usage)" + (
+            self.sources["weights_gib"] = "startup log: Load weight end (mem usage)" + (
                 f", the {count} model runners loaded before the pools (target and draft)" if count > 1 else ""
             )
             return lines.weights_gib
@@ -435,11 +435,13 @@ class _Derivation:
             self.problems.append("the GPU's memory.total (nvidia-smi) is unknown")
             return None
         if lines.load_weight_end is not None:
-            self.sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight end (avail mem + mem usage)"
+            self.sources["overhead_gib"] = (
+                "nvidia-smi memory.total - startup log: Load weight end (avail mem + mem usage)"
+            )
             end = lines.load_weight_end
             return max(self.total_gib - end.avail_gib - end.weights_gib, 0.0)
         if lines.load_weight_begin_gib is not None:
-            self.sources["overhead_gib"] = "nvidia-smi memory.total - journal: Load weight begin (avail mem)"
+            self.sources["overhead_gib"] = "nvidia-smi memory.total - startup log: Load weight begin (avail mem)"
             return max(self.total_gib - lines.load_weight_begin_gib, 0.0)
         # memory_usage.startup_available is what was free after the pools and CUDA graphs.
         self.problems.append("memory in use before the weights: no 'Load weight' line in the journal")
@@ -459,9 +461,9 @@ class _Derivation:
             return True, 0.0
         pad = 1 if at_least(release, 18) else 0
         slots = mamba.max_mamba_cache_size + pad
-        self.sources["mamba_bytes_per_slot"] = f"journal: Mamba Cache is allocated ((conv + ssm) / {slots} slots" + (
-            ", one of them padding)" if pad else ")"
-        )
+        padding = ", one of them padding)" if pad else ")"
+        allocated = f"Mamba Cache is allocated ((conv + ssm) / {slots} slots{padding}"
+        self.sources["mamba_bytes_per_slot"] = f"startup log: {allocated}"
         self.observed["mamba_pool_gib"] = mamba.pool_gib
         self.observed["mamba_intermediate_gib"] = mamba.intermediate_gib
         return True, mamba.pool_gib * GIB / slots
@@ -470,7 +472,7 @@ class _Derivation:
         lines = self.lines
         if lines.kv is not None and lines.kv.tokens > 0 and lines.kv_gib > 0:
             pools = len(lines.kv_sized_together)
-            self.sources[_KV_CELL] = "journal: KV Cache is allocated ((K size + V size) / #tokens" + (
+            self.sources[_KV_CELL] = "startup log: KV Cache is allocated ((K size + V size) / #tokens" + (
                 f", the target's and the draft's {pools} pools of the same #tokens)" if pools > 1 else ")"
             )
             return lines.kv_gib * GIB / lines.kv.tokens
@@ -491,7 +493,7 @@ class _Derivation:
 
     def context_length(self, context_len_metric: float | None) -> int | None:
         if self.lines.summary is not None:
-            self.sources["context_length"] = "journal: max_total_num_tokens=... context_len"
+            self.sources["context_length"] = "startup log: max_total_num_tokens=... context_len"
             return self.lines.summary.context_len
         if context_len_metric:
             self.sources["context_length"] = "/metrics: sglang:context_len"

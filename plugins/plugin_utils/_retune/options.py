@@ -219,6 +219,25 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt("devices_dir", "path", AGENT, "Where the nvidiaN device nodes are.", default="/dev", no_var=True),
     _opt(
+        # Chosen per host in the inventory, for the server role, the retune and the clients alike.
+        "supervisor",
+        "str",
+        AGENT,
+        "What supervises the instances and clients on the host: C(systemd), or C(supervisord) on a pod. Set by "
+        "the server role's sglang_server_supervisor.",
+        no_var=True,
+        server_var="sglang_server_supervisor",
+    ),
+    _opt(
+        "supervisor_root",
+        "path",
+        AGENT,
+        "On a pod, where supervisord's files live (see the server role). Set by the server role's "
+        "sglang_server_supervisor_root.",
+        no_var=True,
+        server_var="sglang_server_supervisor_root",
+    ),
+    _opt(
         "secrets_file",
         "path",
         AGENT,

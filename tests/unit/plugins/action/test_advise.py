@@ -137,6 +137,8 @@ def test_the_observe_phase_and_the_advice_per_instance() -> None:
         "client_units": ["sglang-fleet-generate.service"],
         # The agent keeps no fallbacks: the rest of the agent's options, from the retune's table.
         "devices_dir": "/dev",
+        "supervisor": "systemd",
+        "supervisor_root": "/workspace/sglang-fleet",
         "poll_interval": 0.5,
         "stall_probe_s": 5.0,
         "secrets_file": "/etc/sglang-fleet/secrets.env",

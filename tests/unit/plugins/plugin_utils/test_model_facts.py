@@ -112,7 +112,7 @@ def test_facts_of_the_b200_run_from_its_journal() -> None:
     assert facts.weights_gib == 52.65 and facts.context_length == 262144
     assert facts.overhead_gib == pytest.approx(0.5, abs=0.01)
     assert derived.sources["mamba_bytes_per_slot"] == (
-        "journal: Mamba Cache is allocated ((conv + ssm) / 81 slots, one of them padding)"
+        "startup log: Mamba Cache is allocated ((conv + ssm) / 81 slots, one of them padding)"
     )
     assert derived.observed["logged_mamba_cap"] == {
         "max_running_requests": 16,

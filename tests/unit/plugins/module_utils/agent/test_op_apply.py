@@ -30,7 +30,7 @@ class SystemdHost(Host):
                 "desired_dir": str(tmp_path / "desired"),
             }
         )
-        self.unit_dir = str(tmp_path / "units")
+        self.service.definitions_dir = str(tmp_path / "units")
         self.enabled: set[str] = set()
         self.active: set[str] = set()
         self.calls: list[list[str]] = []
@@ -40,7 +40,7 @@ class SystemdHost(Host):
 
     def systemctl(self, args: list[str], timeout: float = 60.0) -> dict[str, Any]:
         self.calls.append(args)
-        verb, names = args[0], args[1:]
+        verb, names = args[0], [a for a in args[1:] if a != "--"]
         stdout = ""
         if verb == "is-enabled":
             stdout = "enabled\n" if names[0] in self.enabled else "disabled\n"
@@ -106,7 +106,12 @@ def test_check_mode_predicts_the_apply_and_a_second_apply_changes_nothing(tmp_pa
         str(tmp_path / "units" / UNIT),
         str(tmp_path / "desired" / "gpu0.json"),
     ]  # a secret's content never goes in a diff
-    assert host.mutations() == [["daemon-reload"], ["enable", UNIT], ["reset-failed", UNIT], ["start", UNIT]]
+    assert host.mutations() == [
+        ["daemon-reload"],
+        ["enable", "--", UNIT],
+        ["reset-failed", "--", UNIT],
+        ["start", "--", UNIT],
+    ]
     assert (tmp_path / "units" / UNIT).read_text() == "[Service]\nExecStart=/bin/true\n"
     assert oct((tmp_path / "secrets.env").stat().st_mode & 0o777) == "0o600"
     assert oct((tmp_path / "home").stat().st_mode & 0o777) == "0o750"

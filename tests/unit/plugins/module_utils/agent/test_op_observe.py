@@ -11,7 +11,7 @@ from typing import Any
 
 from agent_requests import REQUEST, run_op
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import op_observe, systemd
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.clients import ClientError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import EvidenceError
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.host import Host
@@ -240,7 +240,7 @@ def test_the_real_host_reads_the_current_runs_journal_with_grep(tmp_path: Path, 
         calls.append(argv)
         return 0, "Load weight end. avail mem=125.91 GB, mem usage=52.65 GB.\nsecret s3cretvalue\n", ""
 
-    monkeypatch.setattr(op_observe, "run_cmd", fake_run)
+    monkeypatch.setattr(systemd, "run_cmd", fake_run)
     host = Host({"secrets_file": str(tmp_path / "none.env")})
     host.redactor.secrets = ["s3cretvalue"]
     lines, source, error = op_observe.startup_journal(host, "inv-9", UNIT, JOURNAL_PATTERN)
@@ -253,7 +253,7 @@ def test_the_real_host_reads_the_current_runs_journal_with_grep(tmp_path: Path, 
 
 def test_without_pattern_support_the_journal_is_read_from_the_start(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(
-        op_observe, "run_cmd", lambda argv, timeout=30.0: (1, "", "Compiled without pattern matching support")
+        systemd, "run_cmd", lambda argv, timeout=30.0: (1, "", "Compiled without pattern matching support")
     )
     script = tmp_path / "journalctl"
     script.write_text(

@@ -35,8 +35,8 @@ class FakeHost(Host):
                 **request,
             }
         )
-        self.unit_dir = str(tmp_path / "units")
-        Path(self.unit_dir).mkdir()
+        self.service.definitions_dir = str(tmp_path / "units")
+        Path(self.service.definitions_dir).mkdir()
         self.clock = 1000.0
         self.unit_state: dict[str, dict[str, str]] = {}
         self.procs: dict[int, dict[str, Any]] = {}
@@ -307,7 +307,7 @@ def test_stop_waits_for_a_process_in_teardown_after_sigkill(tmp_path: Path) -> N
     assert entry["dead"] is True and entry["survivors"] == [] and "msg" not in entry
     assert 40 <= entry["teardown_s"] <= 41
     assert host.kills == []  # never signalled again, never taken for a survivor
-    assert ["reset-failed", UNIT] in host.systemctl_calls
+    assert ["reset-failed", "--", UNIT] in host.systemctl_calls
 
 
 def test_stop_names_a_process_still_in_teardown_at_the_release_deadline(tmp_path: Path) -> None:
@@ -333,8 +333,9 @@ def test_a_wedged_instance_is_sigkilled_after_one_signal_deadline_not_the_drain_
     entry = run_op(req, host)["instances"]["gpu0"]
     assert entry["escalated"] is True and entry["dead"] is True
     assert entry["time_to_dead_s"] < 20
-    assert "stop deadline 10s passed (wedged: no drain to wait for): systemctl kill SIGKILL" in " ".join(
-        entry["actions"]
+    assert (
+        "stop deadline 10s passed (wedged: no drain to wait for): systemctl kill --kill-whom=all --signal=SIGKILL"
+        in " ".join(entry["actions"])
     )
 
 
@@ -362,7 +363,7 @@ def starting_host(tmp_path: Path, server_info: dict[str, Any]) -> FakeHost:
     """The unit is stopped; a start runs a new main process 200 answering with ``server_info``."""
     host = FakeHost(tmp_path)
     install_desired(host)
-    (Path(host.unit_dir) / UNIT).write_text("[Service]\nExecStart=new\n")
+    (Path(host.service.definitions_dir) / UNIT).write_text("[Service]\nExecStart=new\n")
     host.on_systemctl["start"] = lambda args: host.serving(200, "inv-2", server_info)
     return host
 
@@ -425,11 +426,11 @@ def test_start_gives_up_at_its_deadline(tmp_path: Path) -> None:
 
 def test_record_writes_the_last_good_file(tmp_path: Path) -> None:
     host = FakeHost(tmp_path)
-    (Path(host.unit_dir) / UNIT).write_text("[Service]\nExecStart=x\n")
+    (Path(host.service.definitions_dir) / UNIT).write_text("[Service]\nExecStart=x\n")
     out = run_op({"op": "record", "instances": [instance()]}, host)
     assert out["recorded"] == ["gpu0"]
     record = json.loads(Path(tmp_path / "state/instances/gpu0/last-good.json").read_text())
-    assert record["unit_path"] == str(Path(host.unit_dir) / UNIT)
+    assert record["unit_path"] == str(Path(host.service.definitions_dir) / UNIT)
     assert record["unit_text"] == "[Service]\nExecStart=x\n"
     assert (record["argv"], record["expected_server_info"], record["fingerprint"]) == (
         ARGV,

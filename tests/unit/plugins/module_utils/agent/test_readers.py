@@ -26,6 +26,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import (
     op_inspect,
     op_stop,
     procfs,
+    supervision,
     systemd,
 )
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.evidence import (
@@ -482,7 +483,7 @@ def test_apply_keeps_what_runs_as_last_good_before_the_first_change(
     }
     # The real host (this machine's /proc), but systemd answers as if the unit ran that process.
     host = Host(req)
-    host.unit_dir = str(units)
+    host.service.definitions_dir = str(units)
     monkeypatch.setattr(host, "units", lambda names: {n: dict(shown) for n in names})
     last_good = state / "instances" / "gpu0" / "last-good.json"
     try:
@@ -583,7 +584,7 @@ def test_wait_units_polls_until_done(monkeypatch: pytest.MonkeyPatch) -> None:
     host = Host({"poll_interval": 0.01, "secrets_file": "/nonexistent"})
     monkeypatch.setattr(host, "units", lambda units: next(states))
     t0 = time.monotonic()
-    assert op_stop.wait_units(host, ["u"], systemd.stopped, 5)["u"]["ActiveState"] == "inactive"
+    assert op_stop.wait_units(host, ["u"], supervision.stopped, 5)["u"]["ActiveState"] == "inactive"
     assert time.monotonic() - t0 < 2
 
 
