@@ -124,9 +124,12 @@ def test_killed_scheduler_keeps_device_and_memory_then_release_delay(tsim):
     assert [a[:2] for a in apps] == [[str(sched), "sglang::scheduler"]]
     assert tsim.memory_used()[0] == used
     status = json.loads(tsim.gpusim("status").stdout)
-    entry = next(t for t in status["driver"]["tracees"] if t["pid"] == sched)
-    assert entry["state"] == "teardown" and entry["killed_by"] == signal.SIGKILL
-    assert [a["state"] for a in status["allocations"]] == ["alive"]
+    # The driver's own account, judged only when the look ended within the teardown: on a loaded
+    # machine the status command alone can outlast it (the tracee is then gone from the account).
+    if time.monotonic() - t0 < TEARDOWN - 0.3:
+        entry = next(t for t in status["driver"]["tracees"] if t["pid"] == sched)
+        assert entry["state"] == "teardown" and entry["killed_by"] == signal.SIGKILL
+        assert [a["state"] for a in status["allocations"]] == ["alive"]
     gone_after = time.monotonic() - t0 + wait_gone(sched, TEARDOWN + 5)
     assert TEARDOWN - 0.3 <= gone_after <= TEARDOWN + 3, gone_after
     # The release delay counts from the process's end, not from its last heartbeat (which was
