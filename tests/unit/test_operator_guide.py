@@ -12,7 +12,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "operator-guide.md"
 # Where the messages of a retune come from: the controller side, the host agent, the lock, the
-# modules and actions, the start guard, and retune.yml itself.
+# modules and actions, the start guard (and a pod's start command), the server role's pre-flight,
+# and retune.yml itself.
 SOURCES = [
     REPO / "plugins" / "plugin_utils" / "_retune" / "flow.py",
     REPO / "plugins" / "plugin_utils" / "_retune" / "decide.py",
@@ -22,6 +23,8 @@ SOURCES = [
     REPO / "roles" / "retune" / "tasks" / "validate.yml",
     REPO / "plugins" / "module_utils" / "_host_lock.py",
     REPO / "roles" / "server" / "files" / "sglang-fleet-start-guard",
+    REPO / "roles" / "server" / "files" / "sglang-fleet-supervised-start",
+    REPO / "roles" / "server" / "tasks" / "main.yml",
     REPO / "playbooks" / "retune.yml",
     *sorted((REPO / "plugins" / "module_utils" / "agent").glob("*.py")),
     *sorted((REPO / "plugins" / "action").glob("*.py")),

@@ -6,8 +6,9 @@ set -euo pipefail
 # runs inside the Proxmox-like test host, from the test-host image, not on this machine. prometheus
 # only for promtool: the monitoring role's alerting rules and dashboard are tested with it (the
 # server the package also brings is stopped below if its install started it). shellcheck for
-# ansible-test sanity's shellcheck test (make lint).
-wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd python3-venv prometheus shellcheck)
+# ansible-test sanity's shellcheck test (make lint). openssh-client: Ansible reaches the pod test
+# host (molecule/pod) over SSH, with a key and a known-hosts entry the test bed makes.
+wanted=(podman runc debootstrap fuse-overlayfs slirp4netns uidmap iproute2 systemd python3-venv prometheus shellcheck openssh-client)
 missing=()
 for p in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

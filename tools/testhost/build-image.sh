@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (or reuse) the Debian 12 test-host image: systemd as PID 1, Python 3, and the simulated
-# GPU host's software (tests/doubles/gpusim in /opt/sglang/venv, nvidia-smi on the PATH). Every
+# Build (or reuse) the Debian 12 test-host image: systemd as PID 1, Python 3, an SSH server (for
+# the pods, whose PID 1 it is: molecule/pod) and the simulated GPU host's software
+# (tests/doubles/gpusim in /opt/sglang/venv, nvidia-smi on the PATH). Every
 # Molecule scenario and the demo fleet share it. Two layers, each keyed by a hash: the rootfs
 # (this recipe; its tarball is cached outside the repo) and the simulator (its source:
 # tools/testhost/gpusim-hash.sh), so a change to the simulator rebuilds its layer once, here,
@@ -13,7 +14,7 @@ cache=${SGLANG_FLEET_CACHE:-$HOME/.cache/sglang-fleet}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
 python=${1:-python3}
 
-packages=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,python3-yaml,iproute2,procps,ca-certificates,lxc,debootstrap,rsync
+packages=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,python3-yaml,iproute2,procps,ca-certificates,lxc,debootstrap,rsync,openssh-server
 recipe_hash=$( { cat "$0"; echo "$packages"; } | sha256sum | cut -c1-12)
 sim_hash=$("$here/gpusim-hash.sh")
 base="localhost/sglang-fleet-testhost-base:$recipe_hash"
@@ -43,6 +44,10 @@ if [ ! -s "$tarball" ]; then
   # The LXC service would try to bring up lxcbr0 in every test host; only the Proxmox-style
   # scenario wants LXC, and it configures what it needs itself.
   rm -f "$root"/etc/systemd/system/multi-user.target.wants/lxc-net.service
+  # sshd is for the pods, which start it themselves as PID 1: a systemd test host does not run it.
+  # The host keys the package generated would be every container's: a pod makes its own at start.
+  rm -f "$root"/etc/systemd/system/multi-user.target.wants/ssh.service \
+    "$root"/etc/systemd/system/sshd.service "$root"/etc/ssh/ssh_host_*
   # Journald in a container: keep it in memory and small.
   mkdir -p "$root/etc/systemd/journald.conf.d"
   printf '[Journal]\nStorage=volatile\nRuntimeMaxUse=64M\n' >"$root/etc/systemd/journald.conf.d/testhost.conf"

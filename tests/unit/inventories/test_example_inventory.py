@@ -83,7 +83,20 @@ def test_b200_node_resolves_to_seven_mtp_instances_on_0_5_23(example_hostvars: d
         "tp_size": 1,
     }
     assert instances[3]["env"] == {"CUDA_VISIBLE_DEVICES": "3", "HF_HUB_OFFLINE": "1"}
-    assert instances[3]["argv"][:3] == ["/opt/sglang/venv/bin/python", "-m", LAUNCH_MODULE]
+    assert instances[3]["argv"][:3] == ["/workspace/sglang/venv/bin/python", "-m", LAUNCH_MODULE]
+
+
+def test_b200_node_is_a_pod_on_a_mapped_ssh_port() -> None:
+    """The seeds' B200 node as it was: a rented pod reached by SSH on a mapped port, data on /workspace."""
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(INVENTORY)])
+    hostvars = VariableManager(loader=loader, inventory=inventory).get_vars(host=inventory.get_host("b200-node"))
+    assert (hostvars["ansible_port"], hostvars["ansible_user"]) == (36472, "root")
+    assert hostvars["sglang_server_supervisor"] == "supervisord"
+    assert hostvars["sglang_server_supervisor_root"].startswith("/workspace/")
+    assert hostvars["sglang_server_python"].startswith("/workspace/")
+    pve = VariableManager(loader=loader, inventory=inventory).get_vars(host=inventory.get_host("pve-rtx"))
+    assert pve.get("sglang_server_supervisor", "systemd") == "systemd"
 
 
 def test_pve_rtx_resolves_to_eight_instances_in_container_200_on_0_5_9(

@@ -1,5 +1,6 @@
 """The instance unit as the server role renders it (its defaults and vars, the validated
-instances): the start guard before SGLang, the start budget and the start-rate window."""
+instances): the start guard before SGLang, the start budget and the start-rate window; and the
+supervisord program a pod gets instead, from the same settings."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cli_tools import cli
 
 from ansible_collections.sglang_ops.fleet.plugins.module_utils import agent
 from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent import evidence, nvidia, procfs  # noqa: F401  # pylint: disable=unused-import
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.supervisord import Supervisord
 
 REPO_ROOT = Path(__file__).resolve().parents[5]
 ROLE = REPO_ROOT / "roles/server"
@@ -39,6 +41,14 @@ PLAYBOOK = """
       ansible.builtin.copy:
         content: "{{ lookup('ansible.builtin.template', role ~ '/templates/sglang-instance.service.j2') }}"
         dest: "{{ out }}/{{ instance.unit }}"
+        mode: "0644"
+      loop: "{{ sglang_server_resolved.instances }}"
+      loop_control:
+        loop_var: instance
+    - name: Render each supervisord program (a pod)
+      ansible.builtin.copy:
+        content: "{{ lookup('ansible.builtin.template', role ~ '/templates/sglang-instance.program.conf.j2') }}"
+        dest: "{{ out }}/{{ instance.unit | sglang_ops.fleet.supervisord_program }}.conf"
         mode: "0644"
       loop: "{{ sglang_server_resolved.instances }}"
       loop_control:
@@ -85,7 +95,15 @@ def render(tmp_path: Path, **overrides: object) -> dict[str, str]:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return {path.name.removeprefix("sglang-").removesuffix(".service"): path.read_text() for path in out.iterdir()}
+    return {
+        path.name.removeprefix("sglang-").removesuffix(".service"): path.read_text()
+        for path in out.iterdir()
+        if path.suffix == ".service"
+    } | {
+        "program:" + path.name.removeprefix("sglang-").removesuffix(".conf"): path.read_text()
+        for path in out.iterdir()
+        if path.suffix == ".conf"
+    }
 
 
 def settings(unit: str) -> dict[str, list[str]]:
@@ -204,3 +222,36 @@ def test_the_role_installs_the_agent_where_the_guard_imports_it() -> None:
     assert "{{ _sglang_server_libexec }}/sglang-fleet-start-guard" in tasks
     guard_source = (ROLE / "files/sglang-fleet-start-guard").read_text(encoding="utf-8")
     assert "from sglang_fleet_agent import" in guard_source
+
+
+def test_a_pods_program_runs_the_units_command_line_through_its_start_command(default_units, tmp_path) -> None:
+    """One source for the command line: the program's words after ``--`` are the unit's ExecStart,
+    and before them the start limit, the start guard (as the unit's ExecStartPre gives it), the
+    secrets file and the user."""
+    for name in ("gpu0", "tp"):
+        program = default_units[f"program:{name}"]
+        command = settings(program)["command"][0].replace("%%", "%")
+        words = shlex.split(command)
+        split = words.index("--")
+        assert words[split + 1 :] == shlex.split(settings(default_units[name])["ExecStart"][0])
+        start, guard = words[:split], shlex.split(settings(default_units[name])["ExecStartPre"][0].removeprefix("+"))
+        assert start[:2] == ["/usr/bin/python3", "/workspace/sglang-fleet/bin/sglang-fleet-supervised-start"]
+        assert ["--guard", guard[1]] == start[start.index("--guard") : start.index("--guard") + 2]
+        assert [w.removeprefix("--guard-arg=") for w in start if w.startswith("--guard-arg=")] == guard[2:]
+        assert start[start.index("--burst") + 1] == str(DEFAULTS["sglang_server_start_limit_burst"])
+        assert start[start.index("--env-file") + 1] == "/etc/sglang-fleet/secrets.env"
+        assert start[start.index("--user") + 1] == DEFAULTS["sglang_server_user"]
+        assert settings(program)["directory"] == [f"/workspace/sglang-fleet/services/sglang-{name}"]
+        # The secrets are read by the start command, never written here.
+        assert HOST["sglang_server_api_key"] not in program
+
+
+def test_supervisords_own_parser_accepts_the_programs(tmp_path) -> None:
+    root = tmp_path / "root"
+    checker = Supervisord(str(root))
+    Path(checker.paths["logs"]).mkdir(parents=True)  # the role makes it before the programs
+    checker.paths["venv"] = sys.prefix  # supervisor, as requirements/dev.txt pins it
+    units = render(tmp_path / "pod", sglang_server_supervisor_root=str(root))
+    for name in ("gpu0", "tp"):
+        assert checker.verify(f"sglang-{name}.conf", units[f"program:{name}"]) is None
+    assert checker.verify("bad.conf", units["program:gpu0"].replace("startsecs=1", "startsecs=x")) is not None
