@@ -225,6 +225,7 @@ OPTIONS: tuple[Option, ...] = (
         AGENT,
         "What supervises the instances and clients on the host: C(systemd), or C(supervisord) on a pod. Set by "
         "the server role's sglang_server_supervisor.",
+        default="systemd",
         no_var=True,
         server_var="sglang_server_supervisor",
     ),
@@ -234,6 +235,7 @@ OPTIONS: tuple[Option, ...] = (
         AGENT,
         "On a pod, where supervisord's files live (see the server role). Set by the server role's "
         "sglang_server_supervisor_root.",
+        default="/workspace/sglang-fleet",
         no_var=True,
         server_var="sglang_server_supervisor_root",
     ),
