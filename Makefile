@@ -13,9 +13,8 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
 # The longest first: make molecule runs MOLECULE_JOBS of them at once (tools/molecule.sh). Three
-# on the machine's two cores: the scenarios mostly wait (fleet takes as long alone as beside
-# another), so a third one fills what two leave idle; fleet, started first, ends last.
-SCENARIOS   ?= fleet advisor retune generation pod server monitoring server_lxc default
+# on the machine's two cores: the scenarios partly wait, so a third one fills what two leave idle.
+SCENARIOS   ?= gitops retune pod generation fleet advisor server monitoring server_lxc default
 MOLECULE_JOBS ?= 3
 PYTEST_ARGS ?=
 

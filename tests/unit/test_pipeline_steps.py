@@ -1,4 +1,4 @@
-"""tools/pipeline_steps.py, the step runner the fleet scenario runs the example pipelines with:
+"""tools/pipeline_steps.py, the step runner the gitops scenario runs the example pipelines with:
 its expressions, the steps it takes from a workflow (the setup action's in place), the
 substitution of `${{ ... }}`, the job's files (GITHUB_ENV, GITHUB_PATH, GITHUB_OUTPUT), the
 GitLab job as one shell session with `extends` and `rules`; tiny pipelines, no hosts."""
@@ -111,7 +111,7 @@ def test_the_trial_schedule_runs_propose_and_the_other_runs_drift(tmp_path: Path
     for env, job in (({"SGLANG_FLEET_SCHEDULE": "propose"}, "drift"), ({}, "propose")):
         context = {"event": "schedule", "env": env, "temp": str(tmp_path / "t")}
         assert steps.gitlab_job(gitlab, job, tmp_path, context)[0] == steps.NOT_RUN, (env, job)
-    # Without the trial's cron or variable (the fleet scenario's scheduled jobs), drift still runs.
+    # Without the trial's cron or variable (the gitops scenario's scheduled jobs), drift still runs.
     drift_if = yaml.safe_load(workflow.read_text())["jobs"]["drift"]["if"]
     github = {"github": {"event_name": "schedule", "event": {"schedule": ""}}}
     assert steps.evaluate(drift_if, lambda name: steps.path_lookup(github, name)) is True
