@@ -148,8 +148,13 @@ def test_zombie_holder_is_dead(sim):
     wait_for(lambda: procutil.state(proc.pid) == "Z", timeout=5, msg="zombie")
     alloc = registry.Allocation(pid=proc.pid, start_time=procutil.start_time(proc.pid), gpu=0, mib=500, title="x")
     registry.AllocationHandle(sim.state, alloc)
+    t0 = time.monotonic()
     assert sim.compute_apps() == []
-    assert sim.memory_used()[0] == 500
+    used = sim.memory_used()[0]
+    # Held for the release delay (1 s) from the holder's death: judged only when the look came
+    # within it (on a loaded machine the two nvidia-smi calls alone can outlast it).
+    if time.monotonic() - t0 < 0.8:
+        assert used == 500
     proc.wait()
 
 

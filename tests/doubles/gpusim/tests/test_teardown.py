@@ -131,11 +131,15 @@ def test_killed_scheduler_keeps_device_and_memory_then_release_delay(tsim):
         assert entry["state"] == "teardown" and entry["killed_by"] == signal.SIGKILL
         assert [a["state"] for a in status["allocations"]] == ["alive"]
     gone_after = time.monotonic() - t0 + wait_gone(sched, TEARDOWN + 5)
+    seen_gone = time.monotonic()
     assert TEARDOWN - 0.3 <= gone_after <= TEARDOWN + 3, gone_after
     # The release delay counts from the process's end, not from its last heartbeat (which was
-    # TEARDOWN seconds earlier, longer than the release delay).
+    # TEARDOWN seconds earlier, longer than the release delay): judged when the look came within
+    # the delay (1.5 s) of the end.
     assert tsim.compute_apps() == []
-    assert tsim.memory_used()[0] == used
+    held = tsim.memory_used()[0]
+    if time.monotonic() - seen_gone < 1.2:
+        assert held == used
     wait_for(lambda: tsim.memory_used()[0] == 0, timeout=5, msg="memory released")
     assert time.monotonic() - t0 >= TEARDOWN + 1.0
     assert srv.proc.poll() is None
