@@ -18,7 +18,7 @@ from .clients import DRAIN_CALL_MARGIN, HELLO_TIMEOUT, RESUME_TIMEOUT, ClientErr
 from .evidence import EvidenceError
 from .host import Host, parallel
 from .request import need
-from .supervision import stopped
+from .supervision import ended, stopped
 
 # A client's stop drains its own requests and uploads its shard (its unit's TimeoutStopSec bounds
 # it); the supervisor is given this long before the stop counts as failed.
@@ -117,7 +117,8 @@ def _socket_op(
 ) -> dict[str, Any]:
     """``op`` on each client of ``req["clients"]`` (unit -> endpoint URLs), at once, with ``extra``
     and what ``per_client(unit)`` adds: per client ``{"ok": true, **answer}`` or ``{"ok": false,
-    "error": why}``."""
+    "error": why}``, with ``ended`` when the client no longer answers because it ended by itself
+    (its job done)."""
     plan = {str(u): list(urls) for u, urls in (req.get("clients") or {}).items()}
 
     def one(item: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +127,9 @@ def _socket_op(
             request = {"op": op, "endpoints": item["endpoints"], **extra, **own}
             answer = host.client_call(item["unit"], request, timeout)
         except ClientError as exc:
-            return {"ok": False, "error": str(exc), "socket": host.client_socket(item["unit"])}
+            out = {"ok": False, "error": str(exc), "socket": host.client_socket(item["unit"])}
+            how = ended(host.units([item["unit"]]).get(item["unit"], {}))
+            return {**out, "ended": how} if how else out
         except OSError as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {**answer, "ok": True}

@@ -132,6 +132,18 @@ def stopped(state: dict[str, str]) -> bool:
     return state.get("ActiveState") in ("inactive", "failed") and state.get("SubState") != "auto-restart"
 
 
+def ended(state: dict[str, str]) -> str | None:
+    """How a service whose main process ended with status 0 and is not restarted stands (a
+    generation client whose job is done: systemd's active (exited) or inactive, supervisord's
+    EXITED 0), or None if it runs, restarts or failed."""
+    active, sub = state.get("ActiveState", ""), state.get("SubState", "")
+    if not (sub == "exited" or stopped(state)):
+        return None
+    if state.get("Result") != "success" or str(state.get("ExecMainStatus") or "0") != "0":
+        return None
+    return f"{active} ({sub}), exit status 0"
+
+
 KINDS = ("systemd", "supervisord")
 
 

@@ -86,6 +86,8 @@ class Client:
     # A drained client whose drain failed, and so was stopped: why.
     drain_error: str | None = None
     resume_errors: list[str] = field(default_factory=list)
+    # Ended by itself during the retune (its job done), so nothing to drain or hand back: how it stood.
+    ended: str | None = None
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,6 +104,8 @@ class Client:
                 out[key] = getattr(self, key)
         if self.resume_errors:
             out["resume_errors"] = list(self.resume_errors)
+        if self.ended:
+            out["ended"] = self.ended
         if self.lost:
             out["lost"] = [dict(x) for x in self.lost]
         return out
@@ -130,6 +134,11 @@ class Client:
                 )
             if not self.waves:
                 return f"client {self.unit}: drained per wave, never stopped (no wave reached its instances)"
+            if self.ended:
+                return (
+                    f"client {self.unit}: drained per wave, never stopped ({self.drained_waves()}); it ended by "
+                    f"itself during the retune ({self.ended}: its job done), nothing left to hand back"
+                )
             return f"client {self.unit}: drained per wave, never stopped ({self.drained_waves()})"
         span = "for the rest of the retune" if self.drain_error is not None else "for the retune"
         if self.stop_error:
@@ -282,7 +291,7 @@ class RetuneClients:
         plan: dict[str, list[str]] = {}
         for client in self.clients.values():
             urls = [url for name in wave for url in client.sends_to.get(name, [])]
-            if client.mode == DRAINED and urls:
+            if client.mode == DRAINED and urls and not client.ended:
                 plan[client.unit] = list(dict.fromkeys(urls))
         if not plan:
             return []
@@ -311,6 +320,8 @@ class RetuneClients:
                 }
                 client.waves.append(entry)
                 self._drained[unit] = entry
+            elif answer.get("ended"):
+                client.ended = str(answer["ended"])
             else:
                 client.drain_error = str(answer.get("error") or "no answer")
                 client.why = f"drain of {_names(wave)} failed ({client.drain_error})"
@@ -354,6 +365,8 @@ class RetuneClients:
             answer = _answer(result, failure, unit, {"ok": False, "error": failure})
             if answer.get("ok"):
                 self._taken_back(unit, entry, answer)
+            elif answer.get("ended"):
+                self.clients[unit].ended = str(answer["ended"])
             else:
                 why = f"resuming it failed ({answer.get('error') or 'no answer'})"
                 self.clients[unit].resume_errors.append(

@@ -956,6 +956,28 @@ def test_a_failed_resume_fails_the_host_naming_the_endpoint_not_the_instance() -
     assert out["notes"][1].startswith(f"client {GEN}: resuming it failed (no answer within 45s) for gpu0; its drain")
 
 
+def test_a_client_whose_job_ended_during_a_wave_is_not_a_lost_endpoint() -> None:
+    """The job's last prompts were done while the wave was relaunched: the client exited 0, so its
+    socket is gone. Nothing was taken from it: the host does not fail, and the summary says so."""
+    ended = {"ok": False, "error": "no such socket", "ended": "inactive (dead), exit status 0"}
+
+    def resume(_n: Any, _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {"clients": dict.fromkeys(options["clients"], ended)}
+
+    def start(names: list[str], _i: Any, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "instances": {n: {"started": True, "healthy": True} for n in names},
+            "containers": {"host": {"resumed": dict.fromkeys(options["resume_clients"], ended)}},
+        }
+
+    host = Host({"gpu0": facts("gpu0")}, clients_found={GEN: answering(GEN, [30000])}, resume=resume, start=start)
+    out = run(host, [instance("gpu0", 30000)], client_units=[GEN])
+    assert out["instances"][0]["action"] == "relaunched"
+    assert not out.get("failed"), out.get("msg")
+    assert "it ended by itself during the retune (inactive (dead), exit status 0: its job done)" in out["notes"][0]
+    assert out["clients"][0]["ended"] == "inactive (dead), exit status 0" and "lost" not in out["clients"][0]
+
+
 def test_an_endpoint_the_client_does_not_take_back_fails_the_host_and_holds_the_next_waves() -> None:
     """The canary relaunched and healthy, but its server now refuses the client's API key: the
     client's word names the endpoint and why; the host fails, the other waves are not started."""

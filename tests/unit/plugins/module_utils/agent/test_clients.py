@@ -364,6 +364,26 @@ def test_resume_answers_each_endpoints_capacity(tmp_path: Path, sockdir: str, se
     assert out["clients"][GEN]["capacity"] == {URL0: 40, URL1: 40}
 
 
+def test_a_client_gone_because_its_job_ended_says_so_a_crashed_one_does_not(tmp_path: Path, sockdir: str) -> None:
+    host = FakeHost(tmp_path, sockdir)
+    done = {"LoadState": "loaded", "Result": "success", "ExecMainStatus": "0"}
+    host.unit_state[GEN] = {**done, "ActiveState": "active", "SubState": "exited"}  # systemd, RemainAfterExit
+    host.unit_state[OTHER] = {**done, "ActiveState": "inactive", "SubState": "dead"}  # supervisord's EXITED 0
+    host.unit_state["crashed.service"] = {
+        **done,
+        "ActiveState": "activating",
+        "SubState": "auto-restart",
+        "Result": "exit-code",
+        "ExecMainStatus": "1",
+    }
+    plan = {GEN: [URL0], OTHER: [URL1], "crashed.service": [URL0]}
+    out = run_op({"op": "resume", "clients": plan}, host)["clients"]
+    assert out[GEN]["ok"] is False and out[GEN]["error"] == "no such socket"
+    assert out[GEN]["ended"] == "active (exited), exit status 0"
+    assert out[OTHER]["ended"] == "inactive (dead), exit status 0"
+    assert "ended" not in out["crashed.service"] and out["crashed.service"]["error"] == "no such socket"
+
+
 def test_client_stop_and_start_go_through_systemctl_and_say_how_they_ended(tmp_path: Path, sockdir: str) -> None:
     host = FakeHost(tmp_path, sockdir)
     host.active(GEN, OTHER)
