@@ -65,10 +65,14 @@ def test_stop_frees_gpu_memory_only_after_the_release_delay(host) -> None:
     # moment after SIGKILL), while the release delay runs from the scheduler's exit.
     asked = time.monotonic()
     host.check_output("systemctl stop gpusim-smoke.service")
+    stopped = time.monotonic()
     assert host.check_output("systemctl show -p ActiveState --value gpusim-smoke.service") == "inactive"
-    # The processes are gone, but the driver has not released the memory yet.
+    # The processes are gone, but the driver has not released the memory yet: judged when the look
+    # came well within the delay (4 s) of the stop (a loaded machine's looks can take longer).
     assert host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader") == ""
-    assert gpu_used(host)[1] > 0
+    held = gpu_used(host)[1]
+    if time.monotonic() - stopped < 3.0:
+        assert held > 0
     assert wait_for(lambda: gpu_used(host)[1] == 0, 30)
     # Released after the configured delay (4 s), not at once.
     assert time.monotonic() - asked >= 2.5
