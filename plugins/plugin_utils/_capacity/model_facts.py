@@ -502,9 +502,12 @@ class _Derivation:
         if from_info:
             self.sources["context_length"] = "/server_info: context_length"
             return from_info
+        # The scheduler's max_req_input_len = min(context_len - 1, KV pool - 1) - 5 (0.5.23
+        # managers/tp_worker.py:568-572, 0.5.9 managers/tp_worker.py:287-291): below the pool's
+        # bound it is the context length less 6.
         req_len = _int(self.info.get("max_req_input_len"))
-        if req_len is not None and self.tokens_reported is not None and req_len + 1 < self.tokens_reported:
-            self.sources["context_length"] = "/server_info: max_req_input_len + 1"
-            return req_len + 1
+        if req_len is not None and self.tokens_reported is not None and req_len + 6 < self.tokens_reported:
+            self.sources["context_length"] = "/server_info: max_req_input_len + 6"
+            return req_len + 6
         self.problems.append("context length: no 'context_len=' line in the journal, no sglang:context_len gauge")
         return None

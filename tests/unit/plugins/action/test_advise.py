@@ -43,7 +43,7 @@ SERVER_INFO = {
     "mem_fraction_static": 0.854,
     "max_running_requests": 48,
     "max_total_num_tokens": 941074,
-    "max_req_input_len": 262143,
+    "max_req_input_len": 262138,
     "internal_states": [{"effective_max_running_requests_per_dp": 16, "max_mamba_cache_size": 80}],
     "version": "0.5.23",
 }

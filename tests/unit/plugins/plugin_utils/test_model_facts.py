@@ -131,7 +131,7 @@ def test_without_the_journal_server_info_gives_the_kv_cell_but_not_the_memory_be
     managers/scheduler.py:1262-1276), not before the weights; kvcache is the KV pool alone."""
     info = {
         "max_total_num_tokens": 400000,
-        "max_req_input_len": 40959,
+        "max_req_input_len": 40954,
         "internal_states": [
             {
                 "effective_max_running_requests_per_dp": 4096,
@@ -148,7 +148,7 @@ def test_without_the_journal_server_info_gives_the_kv_cell_but_not_the_memory_be
     assert derived.facts is None
     assert derived.problems == ["memory in use before the weights: no 'Load weight' line in the journal"]
     assert derived.sources["kv_bytes_per_token"] == "/server_info: memory_usage kvcache (the KV pool) / token_capacity"
-    assert derived.sources["context_length"] == "/server_info: max_req_input_len + 1"
+    assert derived.sources["context_length"] == "/server_info: max_req_input_len + 6"
     # With the journal's first Load weight line the facts are complete.
     begin = "[2026-01-05 10:00:00] Load weight begin. avail mem=139.21 GB"
     derived = derive_model_facts("0.5.18", [begin], info, 143771)
@@ -186,3 +186,32 @@ def test_nothing_known_says_what_is_missing() -> None:
         "does not give it",
         "context length: no 'context_len=' line in the journal, no sglang:context_len gauge",
     ]
+
+
+@pytest.mark.parametrize(
+    ("context_len", "kv_tokens", "expected"),
+    [
+        (4096, 100000, 4096),  # the context binds: max_req_input_len 4090, as real 0.5.23 reports it
+        (40960, 400000, 40960),
+        (262144, 20000, None),  # the KV pool binds: max_req_input_len says nothing of the context
+    ],
+)
+def test_the_context_length_from_max_req_input_len_is_the_schedulers_inverse(
+    context_len: int, kv_tokens: int, expected: int | None
+) -> None:
+    """The scheduler's max_req_input_len = min(context_len - 1, KV pool - 1) - 5 (0.5.23
+    managers/tp_worker.py:568-572; 0.5.9 managers/tp_worker.py:287-291)."""
+    memory = {"weight": 15.27, "kvcache": 54.932, "startup_available": 139.21, "token_capacity": kv_tokens}
+    info = {
+        "max_total_num_tokens": kv_tokens,
+        "max_req_input_len": min(context_len - 1, kv_tokens - 1) - 5,
+        "internal_states": [{"effective_max_running_requests_per_dp": 4096, "memory_usage": memory}],
+    }
+    begin = "[2026-01-05 10:00:00] Load weight begin. avail mem=139.21 GB"
+    derived = derive_model_facts("0.5.23", [begin], info, 143771)
+    if expected is None:
+        assert derived.facts is None
+        assert derived.problems == ["context length: no 'context_len=' line in the journal, no sglang:context_len gauge"]
+    else:
+        assert derived.facts is not None and derived.facts.context_length == expected
+        assert derived.sources["context_length"] == "/server_info: max_req_input_len + 6"

@@ -62,7 +62,7 @@ SIM_B200_SERVER_INFO: dict[str, Any] = {
     "context_length": None,
     "status": "ready",
     "max_total_num_tokens": 941074,
-    "max_req_input_len": 262143,
+    "max_req_input_len": 262138,
     "internal_states": [
         {
             "effective_max_running_requests_per_dp": 16,
@@ -169,7 +169,7 @@ def simulate(
         "max_running_requests": inp.max_running_requests,
         "status": "ready",
         "max_total_num_tokens": plan.kv_tokens,
-        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1),
+        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1) - 5,  # 0.5.23 managers/tp_worker.py:568-572
         "internal_states": [
             {
                 "effective_max_running_requests_per_dp": plan.max_running,

@@ -147,7 +147,9 @@ class Scheduler:
         return {
             "status": "ready",
             "max_total_num_tokens": plan.kv_tokens,
-            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1),
+            # The scheduler's: min(context_len - 1, KV pool - 1) - 5 (0.5.23
+            # managers/tp_worker.py:568-572, 0.5.9 managers/tp_worker.py:287-291).
+            "max_req_input_len": min(int(spec["args_for_log"]["context_len"]) - 1, plan.kv_tokens - 1) - 5,
             "max_running_requests": plan.max_running,
             "max_mamba_cache_size": plan.mamba_k,
             "mamba_ratio": plan.mamba_ratio,
