@@ -235,6 +235,9 @@ options:
         waiting) and processes no token between them (C(sglang:realtime_tokens_total) flat) is
         stalled - unhealthy as a wedged one is - and is relaunched in its wave when its settings
         differ, else named unhealthy and left as it is unless O(relaunch_wedged) or O(force) is set.
+      - A stall is concluded only when a third read, 32 s after the first, still finds requests and
+        the counter where it was. An idle scheduler reports its requests again only 30 s after its
+        last report, so a server that has just gone idle is not taken for a stalled one.
       - The second read is made only when the first finds requests. An instance without C(/metrics)
         (started without C(enable_metrics)) is not checked. 0 - no check.
     type: float

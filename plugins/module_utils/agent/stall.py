@@ -13,9 +13,13 @@ minutes on a healthy server running long requests. The second read is made only 
 finds requests. Without /metrics (a server started without ``--enable-metrics``) or the metrics
 named, nothing is concluded: the result says why it was not checked.
 
-The gauges are the scheduler's last report: an idle server resets them within its idle check's
-interval (30 s), so a server that went idle moments before may still show requests; a stall is
-concluded only when, in addition, the counter stays flat.
+The gauges are the scheduler's last report. While idle, the scheduler reports them again only 30 s
+after its last report (0.5.9 ``managers/scheduler_runtime_checker_mixin.py:253-258``; measured on
+0.5.9: the last running count stays for about 30 s after the server went idle, its counter flat).
+So requests and a flat counter may be the last report of a server that has just gone idle: a stall
+is concluded only when a third read, made once that report is due (``REPORT_DUE_S`` after the
+first read), still finds requests and the counter where it was at the first read. A stalled
+scheduler reports nothing new either way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from .http_client import instance_url
 from .metrics_text import metric_values
 
 TOKENS = "sglang:realtime_tokens_total"
+# The idle scheduler's report is due 30 s after its last one, which came at or before the first
+# read; 2 s more for its idle loop's turn.
+REPORT_DUE_S = 32.0
 REQUESTS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 
 
@@ -58,6 +65,7 @@ def probe_stall(host: Host, instance: dict[str, Any], interval: float) -> dict[s
     ``interval`` seconds; ``stall_check`` (why not) when that could not be read; else nothing."""
     if interval <= 0:
         return {}
+    first_at = host.monotonic()
     first, why = _read(host, instance)
     if first is None:
         return {"stall_check": f"not checked: {why}"}
@@ -67,11 +75,18 @@ def probe_stall(host: Host, instance: dict[str, Any], interval: float) -> dict[s
     second, why = _read(host, instance)
     if second is None:
         return {"stall_check": f"not checked: {why}"}
-    held = second["running"] + second["waiting"]
     # A counter that went down was restarted (a new process): that is not a stall.
-    if held > 0 and second["tokens"] == first["tokens"]:
-        return {
-            "stalled": f"stalled: {second['running']:.0f} running and {second['waiting']:.0f} waiting requests "
-            f"and no token processed in {interval:g}s ({TOKENS} stayed at {second['tokens']:.0f})"
-        }
-    return {}
+    if second["running"] + second["waiting"] <= 0 or second["tokens"] != first["tokens"]:
+        return {}
+    # Requests and a flat counter: a stalled server, or the last report of one just gone idle.
+    host.sleep(max(0.0, first_at + REPORT_DUE_S - host.monotonic()))
+    third, why = _read(host, instance)
+    if third is None:
+        return {"stall_check": f"not checked: {why}"}
+    if third["running"] + third["waiting"] <= 0 or third["tokens"] != first["tokens"]:
+        return {}
+    waited = round(host.monotonic() - first_at)
+    return {
+        "stalled": f"stalled: {third['running']:.0f} running and {third['waiting']:.0f} waiting requests "
+        f"and no token processed in {waited:g}s ({TOKENS} stayed at {third['tokens']:.0f})"
+    }

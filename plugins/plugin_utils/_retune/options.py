@@ -24,6 +24,7 @@ from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.op_clients 
     CLIENT_STOP_TIMEOUT,
     resume_call_timeout,
 )
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.stall import REPORT_DUE_S as STALL_REPORT_DUE_S
 from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.role_defaults import ROLE_DEFAULTS, ROLE_VARS
 
 # Where an option goes:
@@ -290,8 +291,9 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds between the two reads of /metrics that tell whether a running instance that answers /health and "
         "/server_info still produces: one that holds requests and processes no token between them "
         "(sglang:realtime_tokens_total flat) is stalled, relaunched when its settings differ, else named unhealthy "
-        "(see relaunch_wedged). The second read is made only when the first finds requests; an instance without "
-        "/metrics (no enable_metrics) is not checked. 0 - no check.",
+        "(see relaunch_wedged), once a third read, 32 s after the first (when an idle scheduler has reported its "
+        "requests again), finds the same. The second read is made only when the first finds requests; an "
+        "instance without /metrics (no enable_metrics) is not checked. 0 - no check.",
         default=5.0,
     ),
     _opt(
@@ -431,9 +433,10 @@ def call_deadline(op: str, options: Mapping[str, Any]) -> float:
     # Who holds the GPUs (op_inspect.collect_holders): GPU memory, then the compute apps.
     holders = 2 * smi
     if op == "inspect":
-        # GPU memory and the holders; per instance /health, /server_info and the stall probe's two
-        # reads of /metrics stall_probe_s apart.
-        return smi + holders + 4 * http + float(options["stall_probe_s"])
+        # GPU memory and the holders; per instance /health, /server_info and the stall probe's
+        # reads of /metrics: two stall_probe_s apart, a third once the idle report is due.
+        probe_s = float(options["stall_probe_s"])
+        return smi + holders + 5 * http + (max(probe_s, STALL_REPORT_DUE_S) if probe_s > 0 else 0.0)
     if op == "record":
         return 0.0  # files only
     if op == "stop":

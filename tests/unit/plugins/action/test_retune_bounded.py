@@ -127,7 +127,9 @@ def test_a_connection_that_gives_up_first_loses_the_host_too() -> None:
 
 def test_the_bound_is_the_deadline_the_call_carries_plus_the_margin() -> None:
     options = {**Options().agent, "nvidia_smi_timeout": 20, "http_timeout": 30, "stall_probe_s": 5}
-    assert call_deadline("inspect", options) == 20 + 2 * 20 + 4 * 30 + 5
+    # /health, /server_info and three reads of /metrics, the last once the idle report is due (32 s).
+    assert call_deadline("inspect", options) == 20 + 2 * 20 + 5 * 30 + 32
+    assert call_deadline("inspect", {**options, "stall_probe_s": 0}) == 20 + 2 * 20 + 5 * 30
     stop = {**options, "stop_timeout": 300, "kill_timeout": 10, "release_timeout": 300}
     assert call_deadline("stop", stop) == 300 + 40 + 300 + 80
     start = {**options, "start_timeout": 3600, "health_timeout": 120, "smoke_requests": 2}

@@ -211,7 +211,9 @@ def test_the_context_length_from_max_req_input_len_is_the_schedulers_inverse(
     derived = derive_model_facts("0.5.23", [begin], info, 143771)
     if expected is None:
         assert derived.facts is None
-        assert derived.problems == ["context length: no 'context_len=' line in the journal, no sglang:context_len gauge"]
+        assert derived.problems == [
+            "context length: no 'context_len=' line in the journal, no sglang:context_len gauge"
+        ]
     else:
         assert derived.facts is not None and derived.facts.context_length == expected
         assert derived.sources["context_length"] == "/server_info: max_req_input_len + 6"

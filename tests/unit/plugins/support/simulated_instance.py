@@ -169,7 +169,8 @@ def simulate(
         "max_running_requests": inp.max_running_requests,
         "status": "ready",
         "max_total_num_tokens": plan.kv_tokens,
-        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1) - 5,  # 0.5.23 managers/tp_worker.py:568-572
+        # The scheduler's (0.5.23 managers/tp_worker.py:568-572).
+        "max_req_input_len": min(prof.context_length - 1, plan.kv_tokens - 1) - 5,
         "internal_states": [
             {
                 "effective_max_running_requests_per_dp": plan.max_running,

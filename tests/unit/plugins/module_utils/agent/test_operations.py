@@ -238,10 +238,11 @@ def test_an_instance_that_holds_requests_and_processes_no_token_is_stalled(tmp_p
     facts = inspect_stall(host)
     assert facts["health_status"] == 200 and facts["unanswered"] == []
     assert facts["stalled"] == (
-        "stalled: 3 running and 5 waiting requests and no token processed in 5s "
+        "stalled: 3 running and 5 waiting requests and no token processed in 32s "
         "(sglang:realtime_tokens_total stayed at 1100)"
     )
-    assert host.metrics_read_at == [1000.0, 1005.0]  # the default probe interval, 5 s apart
+    # The default probe interval, 5 s; then once the idle scheduler's report is due.
+    assert host.metrics_read_at == [1000.0, 1005.0, 1032.0]
     assert facts["evidence_errors"] == []  # the host's evidence answers: unhealthy, not blocked
 
 
@@ -250,6 +251,22 @@ def test_an_instance_whose_token_counter_moves_is_not_stalled(tmp_path: Path) ->
     facts = inspect_stall(host, stall_probe_s=2)
     assert "stalled" not in facts and "stall_check" not in facts
     assert host.metrics_read_at == [1000.0, 1002.0]
+
+
+def test_the_last_report_of_a_server_just_gone_idle_is_not_a_stall(tmp_path: Path) -> None:
+    """0.5.9 keeps its last running count for up to 30 s after going idle, its token counter flat
+    (managers/scheduler_runtime_checker_mixin.py:253-258): the report due then says 0 requests."""
+    host = MetricsHost(tmp_path, [metrics(4, 0, 1000), metrics(4, 0, 1000), metrics(0, 0, 1000)])
+    facts = inspect_stall(host)
+    assert "stalled" not in facts and "stall_check" not in facts
+    assert host.metrics_read_at == [1000.0, 1005.0, 1032.0]
+
+
+def test_a_counter_that_moves_by_the_third_read_is_not_a_stall(tmp_path: Path) -> None:
+    host = MetricsHost(tmp_path, [metrics(2, 0, 1000), metrics(2, 0, 1000), metrics(2, 0, 1010)])
+    assert "stalled" not in inspect_stall(host, stall_probe_s=40)
+    # A probe interval longer than the report's due time: the third read follows at once.
+    assert host.metrics_read_at == [1000.0, 1040.0, 1040.0]
 
 
 def test_an_idle_instance_is_read_once_and_not_stalled(tmp_path: Path) -> None:
