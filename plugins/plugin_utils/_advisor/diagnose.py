@@ -132,6 +132,13 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
             "(is --enable-metrics on? does Prometheus scrape it?)"
         )
         return advice
+    if not stats.running_max and not stats.queue_max:
+        # Nothing ran: no limit was reached, and no throughput to scale (a gain over nothing).
+        advice.why.append(
+            f"the window was idle: sglang:num_running_reqs and sglang:num_queue_reqs were 0 in all {stats.samples} "
+            "samples; measure while the job sends requests"
+        )
+        return advice
 
     context_metric = next((s.get("context_len") for s in samples if s.get("context_len")), None)
     derived: FactsResult = derive_model_facts(
@@ -241,7 +248,9 @@ def diagnose(
             f"of effective max {eff}; at the max for {pct}% of the window"
         )
     why.append(f"sglang:num_queue_reqs mean {fmt(stats.queue_mean, 1)} (max {fmt(stats.queue_max)})")
-    if stats.mamba_usage_mean is not None:
+    # A dense model has no Mamba pool (SGLang exports the gauge at 0 all the same): not shown.
+    hybrid = plan.mamba_k is not None if plan is not None else (mamba_capped or (stats.mamba_usage_mean or 0.0) > 0)
+    if stats.mamba_usage_mean is not None and hybrid:
         why.append(f"sglang:mamba_usage {stats.mamba_usage_mean:.2f} (occupancy of the Mamba pool)")
     if stats.kv_usage_mean is not None:
         why.append(f"{stats.kv_usage_metric} {stats.kv_usage_mean:.2f} (90th percentile {stats.kv_usage_p90 or 0:.2f})")
@@ -288,7 +297,8 @@ def diagnose(
         if binding in ("requested", "default"):
             return MAX_RUNNING_BOUND, [
                 *why,
-                "max_running_requests sets the effective max; Mamba slots and KV have room",
+                "max_running_requests sets the effective max; "
+                + ("Mamba slots and KV have room" if hybrid else "the KV cache has room"),
             ]
     if (stats.running_mean or 0.0) < policy.client_running_below * eff and not backlog:
         return CLIENT_BOUND, [*why, "the server has room for more requests and nothing waits: the clients send too few"]

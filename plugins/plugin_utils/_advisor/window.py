@@ -98,7 +98,10 @@ def window_stats(
     usage = _series(samples, usage_key)
     stats.kv_usage_mean, stats.kv_usage_p90 = _mean(usage), _quantile(usage, 0.9)
     stats.mamba_usage_mean = _mean(_series(samples, "mamba_usage"))
-    stats.gen_throughput_mean = _mean(_series(samples, "gen_throughput"))
+    # The gauge is the scheduler's last decode report: an idle server keeps its last value, which
+    # is no production. Only the samples with requests running count.
+    busy = [s for s in samples if isinstance(s.get("num_running_reqs"), (int, float)) and s["num_running_reqs"] > 0]
+    stats.gen_throughput_mean = _mean(_series(busy, "gen_throughput"))
     total = [(float(s["t"]), float(s["generation_tokens_total"])) for s in samples if "generation_tokens_total" in s]
     if len(total) >= 2 and total[-1][0] > total[0][0]:
         # A counter that went down was reset (a restart): count from zero again.

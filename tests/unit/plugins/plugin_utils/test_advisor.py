@@ -301,6 +301,17 @@ def test_max_running_bound_raises_max_running_requests_within_the_kv_cache() -> 
     assert sim_plan.max_running == prop.effective_max_after == 256
 
 
+def test_a_dense_model_has_no_mamba_pool_to_show() -> None:
+    """SGLang exports sglang:mamba_usage for a dense model too (at 0): the evidence does not name a
+    Mamba pool the model does not have; a hybrid model's occupancy is shown."""
+    plain = {"max_running_requests": 32, "enable_metrics": True}
+    ev = evidence(plain, 0.903, queue=80, token_usage=0.05, mamba_usage=0.0, profile="qwen3-8b", gpu=H200)
+    advice = advisor.advise_instance(ev)
+    assert not [w for w in advice.why if "mamba" in w.lower()], advice.why
+    hybrid = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03))
+    assert [w for w in hybrid.why if w.startswith("sglang:mamba_usage")]
+
+
 def test_without_gpu_evidence_the_memory_fraction_stays() -> None:
     advice = advisor.advise_instance(evidence(FIRST_TUNING, 0.854, queue=240, token_usage=0.03, gpu_used=None))
     assert advice.diagnosis == advisor.MAMBA_BOUND
@@ -345,6 +356,31 @@ def test_unknown_without_evidence() -> None:
     assert advice.diagnosis == advisor.UNKNOWN
     assert advice.problems == ["/metrics answered 404: not found"]
     assert advice.why[0].startswith("0 metrics sample(s) with sglang:num_running_reqs")
+
+
+def test_an_idle_window_is_no_evidence_and_predicts_no_gain() -> None:
+    """Nothing ran and nothing waited: no limit was reached and there is no throughput to scale
+    (a gain over 0 running requests came out as x4e9)."""
+    ev = evidence(RETUNED, 0.93, running=0, queue=0, token_usage=0.0, gen=0.0)
+    advice = advisor.advise_instance(ev)
+    assert advice.diagnosis == advisor.UNKNOWN and advice.proposal is None
+    assert advice.why == [
+        "the window was idle: sglang:num_running_reqs and sglang:num_queue_reqs were 0 in all 61 samples; "
+        "measure while the job sends requests"
+    ]
+
+
+def test_the_last_throughput_report_of_an_idle_server_is_no_production() -> None:
+    """sglang:gen_throughput is the scheduler's last decode report: an idle server keeps showing it."""
+    rows = [
+        {"t": 0, "num_running_reqs": 16, "num_queue_reqs": 0, "gen_throughput": 900.0},
+        {"t": 5, "num_running_reqs": 16, "num_queue_reqs": 0, "gen_throughput": 1100.0},
+        {"t": 10, "num_running_reqs": 0, "num_queue_reqs": 0, "gen_throughput": 1100.0},
+        {"t": 15, "num_running_reqs": 0, "num_queue_reqs": 0, "gen_throughput": 1100.0},
+    ]
+    assert advisor.window_stats(rows, 16, 100000).gen_throughput_mean == pytest.approx(1000.0)
+    idle = [{**r, "num_running_reqs": 0} for r in rows]
+    assert advisor.window_stats(idle, 16, 100000).gen_throughput_mean is None
 
 
 def test_window_stats_read_like_a_dashboard() -> None:
