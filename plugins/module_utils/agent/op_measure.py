@@ -8,9 +8,10 @@ requests where the window did not vary them (``plugin_utils/_advisor/throughput.
 The host's generation clients that send to the instance are drained first (the retune's drain:
 nothing new is sent there, requests in flight get ``drain_timeout`` seconds, the rest go
 elsewhere) and always resumed after; the instance must be idle before the first step, else the
-measurement says what still ran and measures nothing. The load is streaming ``/generate``
-requests; closing them at the end of each step aborts them (SGLang drops a streaming request
-whose client went away).
+measurement says what still ran and measures nothing. The load is ``/generate`` requests that
+answer once, each sized to about one step's tokens; their connections are closed at the end of
+each step. 0.5.23 aborts such a request when its client goes away; 0.5.9 finishes it (and aborts
+only streaming ones), so each level starts once the instance works on nothing (``_quiet``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEFAULT_DRAIN_TIMEOUT = 10.0
 DEFAULT_MAX_NEW_TOKENS = 1024
 BY = "sglang-fleet advise (measurement)"
 DEFAULT_PROMPT_TOKENS = 200
+QUIET_S = 1.0  # a token counter still this long: nothing runs (a decode step takes milliseconds)
 
 
 def workload_shape(samples: list[dict[str, Any]]) -> dict[str, int]:
@@ -95,16 +97,37 @@ def _drain(host: Host, clients: dict[str, list[str]], lease: float, drain_timeou
     return f"could not drain the generation clients {failed}: nothing measured" if failed else None
 
 
-def _wait_idle(inst: dict[str, Any], host: Host, read_metrics: Any, drain_timeout: float, drained: bool) -> str | None:
-    """Wait until the instance runs and queues nothing; why not, if it still does."""
-    idle: dict[str, Any] = {}
+def _quiet(inst: dict[str, Any], host: Host, read_metrics: Any, deadline: float) -> tuple[bool, dict[str, Any]]:
+    """Wait until the instance works on nothing: its gauges say no request runs or waits, or its
+    token counter (``sglang:realtime_tokens_total``, which moves at every decode step and prefill
+    batch) stays put for ``QUIET_S``. The gauges are the scheduler's last report, which an idle
+    scheduler renews only 30 s later (0.5.9 ``managers/scheduler_runtime_checker_mixin.py:253-258``),
+    so a server that has just finished its last request can show it for that long. The last values
+    read, with ``(ok, values)``."""
+    seen: dict[str, Any] = {}
+    still: list[float] = []  # [the counter's value, when it was first read at that value]
 
     def quiet() -> bool:
         got = read_metrics(inst)
-        idle.update(got.get("values") or {"error": got.get("error")})
-        return not (idle.get("num_running_reqs") or 0) and not (idle.get("num_queue_reqs") or 0)
+        seen.clear()
+        seen.update(got.get("values") or {"error": got.get("error")})
+        if not (seen.get("num_running_reqs") or 0) and not (seen.get("num_queue_reqs") or 0) and "error" not in seen:
+            return True
+        tokens, now = seen.get("realtime_tokens_total"), host.monotonic()
+        if not isinstance(tokens, (int, float)):
+            return False
+        if not still or still[0] != tokens:
+            still[:] = [tokens, now]
+            return False
+        return now - still[1] >= QUIET_S
 
-    ok, _waited = host.wait(quiet, host.monotonic() + drain_timeout + 5.0)
+    ok, _waited = host.wait(quiet, deadline)
+    return ok, seen
+
+
+def _wait_idle(inst: dict[str, Any], host: Host, read_metrics: Any, drain_timeout: float, drained: bool) -> str | None:
+    """Wait until the instance works on nothing; why not, if it still does."""
+    ok, idle = _quiet(inst, host, read_metrics, host.monotonic() + drain_timeout + 5.0)
     if ok:
         return None
     return (
@@ -189,7 +212,13 @@ def measure_instance(
         if why:
             out["measure_error"] = why
             return out
-        for level in levels:
+        for index, level in enumerate(levels):
+            if index:
+                # The last level's requests, where the release does not abort them when their
+                # client goes away (0.5.9, for requests that do not stream), end before this one.
+                ok, left = _quiet(inst, host, read_metrics, host.monotonic() + step_s + 5.0)
+                if not ok:
+                    summary.setdefault("not_quiet", []).append({"before_level": level, **left})
             _step(inst, host, read_metrics, level, (start, step_s, interval, settle), body, out)
     finally:
         _resume(host, clients, summary)

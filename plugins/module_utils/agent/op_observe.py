@@ -47,6 +47,7 @@ COUNTERS = {
     "sglang:generation_tokens_total": "generation_tokens_total",
     "sglang:num_requests_total": "num_requests_total",
     "sglang:prompt_tokens_total": "prompt_tokens_total",
+    "sglang:realtime_tokens_total": "realtime_tokens_total",
 }
 
 

@@ -115,3 +115,35 @@ def test_a_busy_instance_is_not_measured_and_its_clients_are_resumed() -> None:
     assert out["measure_error"].startswith("the instance still ran 3 requests (0 queued) after its clients")
     assert host.calls == [("gen.service", "drain"), ("gen.service", "resume")]
     assert host.bodies == []
+
+
+class StaleGaugeHost(FakeHost):
+    """As 0.5.9 reports: the gauges keep the last running count for 30 s after the server went
+    idle (managers/scheduler_runtime_checker_mixin.py:253-258); the token counter moves only while
+    requests run (one token per request every 25 ms)."""
+
+    def __init__(self, last_running: int, working: bool = False) -> None:
+        super().__init__()
+        self.last_running, self.working, self.tokens, self.at = last_running, working, 5000.0, 0.0
+
+    def metrics(self, inst: Any) -> dict[str, Any]:
+        got = super().metrics(inst)
+        running = self.running + (self.last_running if self.working else 0)
+        self.tokens += running * (self.clock.now - self.at) / 0.025
+        self.at = self.clock.now
+        shown = self.running or self.last_running  # the scheduler's last report
+        return {"values": {**got["values"], "num_running_reqs": shown, "realtime_tokens_total": self.tokens}}
+
+
+def test_a_server_just_gone_idle_is_measured_though_its_gauges_still_show_requests() -> None:
+    host = StaleGaugeHost(last_running=12)
+    out = op_measure.measure_instance(INST, host, {"step_s": 1.0, "interval": 0.25}, 16, CLIENTS, host.metrics)
+    assert "measure_error" not in out
+    assert sorted({s["level"] for s in out["measure_samples"]}) == [4, 8, 16]
+
+
+def test_requests_that_still_produce_tokens_are_not_taken_for_idle() -> None:
+    host = StaleGaugeHost(last_running=3, working=True)
+    out = op_measure.measure_instance(INST, host, {"drain_timeout": 1.0}, 16, CLIENTS, host.metrics)
+    assert out["measure_error"].startswith("the instance still ran 3 requests (0 queued)")
+    assert host.bodies == []
