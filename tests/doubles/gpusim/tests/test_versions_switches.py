@@ -58,7 +58,7 @@ FIRST_RELEASE = {
     "exit_zero_after_drain": 19,
     "straggler_warning": 20,
     "ready_endpoint": 20,
-    "kill_tree_log": 23,
+    "kill_tree_log": 13,
     "mem_v14": 14,
     "small_gpu_v20": 20,
     "decode_bs_capped_by_mrr": 22,

@@ -109,7 +109,8 @@ class Version:
 
     @property
     def kill_tree_log(self) -> bool:
-        return self.at_least(23)
+        """The ``kill_process_tree called: ...`` line: from 0.5.13 (utils/common.py:1244; 0.5.12 has none)."""
+        return self.at_least(13)
 
     @property
     def ready_endpoint(self) -> bool:
