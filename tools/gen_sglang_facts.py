@@ -47,7 +47,10 @@ FORMAT = 1
 
 METRIC_FILES = ("sglang/srt/observability/metrics_collector.py", "sglang/srt/metrics/collector.py")
 METRIC_CLASSES = {"Gauge": "gauge", "Counter": "counter", "Histogram": "histogram", "Summary": "summary"}
-CONSTRAINT_FILES = re.compile(r"sglang/srt/(server_args\.py|arg_groups/[^/]+\.py)$")
+CONSTRAINT_FILES = re.compile(
+    r"sglang/srt/(server_args\.py|arg_groups/[^/]+\.py"
+    r"|model_executor/model_runner_kv_cache_mixin\.py|mem_cache/kv_cache_configurator\.py)$"
+)
 USAGE_FILES = re.compile(
     r"sglang/srt/managers/(scheduler_components/pool_stats_observer|scheduler_metrics_mixin|scheduler)\.py$"
 )

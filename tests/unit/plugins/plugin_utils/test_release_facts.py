@@ -201,6 +201,22 @@ def test_extra_buffer_lazy_with_speculative_decoding_is_refused_on_0_5_14_only()
     assert startup_refusals("0.5.23", settings) == []
 
 
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.18", "0.5.23"])
+def test_extra_buffer_lazy_without_the_overlap_scheduler_is_refused_before_anything_is_touched(version: str) -> None:
+    """SGLang asserts it where the Mamba pool is sized, after its arguments were accepted (0.5.14
+    model_executor/model_runner_kv_cache_mixin.py:288, 0.5.23 mem_cache/kv_cache_configurator.py:3074):
+    the new server would die at start, after the old one is gone. The validator refuses it first."""
+    args = {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disable_overlap_schedule": True}
+    with pytest.raises(ServerArgsError) as err:
+        resolve_host("h", _hostvars(version, args))
+    [problem] = err.value.problems
+    assert "AssertionError: Lazy extra buffer requires overlap schedule" in problem
+    assert "remove disable_overlap_schedule" in problem
+    # With the overlap scheduler, or without the radix cache, it starts.
+    assert resolve_host("h", _hostvars(version, {"mamba_radix_cache_strategy": "extra_buffer_lazy"}))
+    assert resolve_host("h", _hostvars(version, {**args, "disable_radix_cache": True}))
+
+
 def test_a_rule_edited_in_the_spec_without_regenerating_is_stale() -> None:
     gen = _generator()
     spec = gen.load_spec()
