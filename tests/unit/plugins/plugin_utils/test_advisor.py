@@ -615,3 +615,14 @@ def test_0_5_9_reads_kv_usage_from_token_usage() -> None:
     stats = advisor.window_stats(ev.observation["samples"], 48, None, "sglang:token_usage")
     assert stats.kv_usage_metric == "sglang:token_usage"
     assert stats.kv_usage_mean == pytest.approx(0.95)
+
+
+def test_no_proposal_turns_extra_buffer_lazy_on_without_the_overlap_scheduler() -> None:
+    """SGLang 0.5.14+ asserts at pool sizing that the lazy extra buffer has the overlap scheduler
+    (a relaunch would die after the old server is gone): the search refuses that candidate."""
+    args = {**FIRST_TUNING, "mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": True}
+    advice = advisor.advise_instance(evidence(args, 0.854, queue=240, token_usage=0.03))
+    assert advice.diagnosis == advisor.MAMBA_BOUND and all_proposals(advice)
+    for prop in all_proposals(advice):
+        after = {**args, **{k: v[1] for k, v in prop.changes.items()}}
+        assert not (after["mamba_radix_cache_strategy"] == "extra_buffer_lazy" and after["disable_overlap_schedule"])
