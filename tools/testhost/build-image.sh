@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the Debian 12 test-host image: systemd as PID 1, Python 3, an SSH server (for
 # the pods, whose PID 1 it is: molecule/pod) and the simulated GPU host's software
-# (tests/doubles/gpusim in /opt/sglang/venv, nvidia-smi on the PATH). Every
+# (tests/doubles/gpusim in /opt/sglang/venv, nvidia-smi on the PATH), and the system Python's
+# cache of the code Ansible's modules import (tests/testbed/pyc_cache). Every
 # Molecule scenario and the demo fleet share it. Two layers, each keyed by a hash: the rootfs
 # (this recipe; its tarball is cached outside the repo) and the simulator (its source:
 # tools/testhost/gpusim-hash.sh), so a change to the simulator rebuilds its layer once, here,
@@ -15,10 +16,14 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
 python=${1:-python3}
 
 packages=systemd,systemd-sysv,dbus,python3,python3-apt,python3-venv,python3-yaml,iproute2,procps,ca-certificates,lxc,debootstrap,rsync,openssh-server
+# The system Python's cache of the code Ansible's modules import from their payloads (its
+# docstring says why): imported at every start of python3 by a .pth file.
+pyc_cache=$here/../../tests/testbed/pyc_cache/sglang_fleet_testbed_pyc.py
 recipe_hash=$( { cat "$0"; echo "$packages"; } | sha256sum | cut -c1-12)
 sim_hash=$("$here/gpusim-hash.sh")
+pyc_hash=$(sha256sum <"$pyc_cache" | cut -c1-8)
 base="localhost/sglang-fleet-testhost-base:$recipe_hash"
-tag="localhost/sglang-fleet-testhost:$recipe_hash-$sim_hash"
+tag="localhost/sglang-fleet-testhost:$recipe_hash-$sim_hash-$pyc_hash"
 tarball="$cache/testhost-$recipe_hash.tar.gz"
 
 if podman image exists "$tag"; then
@@ -70,7 +75,10 @@ trap 'rm -rf "$wheels"; podman rm --force --ignore --time 0 "$build" >/dev/null'
 "$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$wheels" "$here/../../tests/doubles/gpusim"
 venv=/opt/sglang/venv
 podman rm --force --ignore --time 0 "$build" >/dev/null
+cp "$pyc_cache" "$wheels/"
 podman run --name "$build" --volume "$wheels:/wheels:ro" "$base" /bin/sh -ec "
+  install -m 0644 /wheels/sglang_fleet_testbed_pyc.py /usr/lib/python3/dist-packages/
+  echo 'import sglang_fleet_testbed_pyc' > /usr/lib/python3/dist-packages/sglang_fleet_testbed_pyc.pth
   python3 -m venv $venv
   $venv/bin/pip install --quiet --no-index --no-deps /wheels/*.whl
   ln -sf $venv/bin/nvidia-smi $venv/bin/gpusim /usr/local/bin/

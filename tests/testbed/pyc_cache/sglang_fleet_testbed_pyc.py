@@ -1,0 +1,56 @@
+"""The test hosts' cache of the code of modules imported from zip archives (Ansible's AnsiballZ
+payloads), kept between module runs and keyed by each file's source.
+
+zipimport compiles an archive's .py files at every import, and Ansible sends its module_utils as
+source: every module run on a test host spent about 0.3 CPU-seconds compiling
+ansible.module_utils.basic and what it imports, the largest share of a module's cost on the
+2-core test machines. With this cache it loads the code compiled by an earlier run. Nothing else
+changes: each code object is ``compile()`` of the same source, its file names set to this run's
+path in the archive. tools/testhost/build-image.sh installs it into the test-host image's
+system Python (a .pth file imports it), which runs the modules; nothing of the collection
+installs or needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import marshal
+import os
+import types
+import zipimport
+
+CACHE = "/var/cache/sglang-fleet-testbed/pyc"
+_TAG = importlib.util.MAGIC_NUMBER.hex()
+_compile_source = zipimport._compile_source  # type: ignore[attr-defined]
+
+
+def _refile(code: types.CodeType, name: str) -> types.CodeType:
+    """``code`` and the code objects it holds, their file name ``name``."""
+    consts = tuple(_refile(c, name) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=name, co_consts=consts)
+
+
+def cached_compile(pathname: str, source: bytes) -> types.CodeType:
+    """zipimport's ``_compile_source``, through the cache."""
+    path = os.path.join(CACHE, f"{_TAG}-{hashlib.sha256(source).hexdigest()}")
+    try:
+        with open(path, "rb") as f:
+            code = marshal.load(f)  # noqa: S302 (root's own cache, in a directory only root writes)
+        if isinstance(code, types.CodeType):
+            return _refile(code, pathname)
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    code = _compile_source(pathname, source)
+    try:
+        os.makedirs(CACHE, mode=0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            marshal.dump(code, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # not writable (a module run as another user): compiled as without the cache
+    return code
+
+
+zipimport._compile_source = cached_compile  # type: ignore[attr-defined]
