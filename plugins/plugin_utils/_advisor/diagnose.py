@@ -132,14 +132,6 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
             "(is --enable-metrics on? does Prometheus scrape it?)"
         )
         return advice
-    if not stats.running_max and not stats.queue_max:
-        # Nothing ran: no limit was reached, and no throughput to scale (a gain over nothing).
-        advice.why.append(
-            f"the window was idle: sglang:num_running_reqs and sglang:num_queue_reqs were 0 in all {stats.samples} "
-            "samples; measure while the job sends requests"
-        )
-        return advice
-
     context_metric = next((s.get("context_len") for s in samples if s.get("context_len")), None)
     derived: FactsResult = derive_model_facts(
         ev.release, obs.get("journal") or [], info, ev.gpu_total_mib, context_metric
@@ -164,6 +156,14 @@ def advise_instance(ev: Evidence, policy: Policy | None = None) -> InstanceAdvic
         advice.capacity = plan.to_dict()
         advice.model_check = _model_check(plan, derived, eff, advice.problems)
 
+    if not stats.running_max and not stats.queue_max:
+        # Nothing ran: no limit was reached, and no throughput to scale (a gain over nothing).
+        # The instance's facts and capacity above still stand.
+        advice.why.append(
+            f"the window was idle: sglang:num_running_reqs and sglang:num_queue_reqs were 0 in all {stats.samples} "
+            "samples; measure while the job sends requests"
+        )
+        return advice
     cap = derived.observed.get("logged_mamba_cap")
     mamba_capped = isinstance(cap, Mapping) and cap.get("max_running_requests") == eff
     advice.diagnosis, advice.why = diagnose(stats, eff, settings, plan, info, ev, policy, mamba_capped)
