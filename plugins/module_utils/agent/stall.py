@@ -71,22 +71,19 @@ def probe_stall(host: Host, instance: dict[str, Any], interval: float) -> dict[s
         return {"stall_check": f"not checked: {why}"}
     if first["running"] + first["waiting"] <= 0:
         return {}
-    host.sleep(interval)
-    second, why = _read(host, instance)
-    if second is None:
-        return {"stall_check": f"not checked: {why}"}
-    # A counter that went down was restarted (a new process): that is not a stall.
-    if second["running"] + second["waiting"] <= 0 or second["tokens"] != first["tokens"]:
-        return {}
-    # Requests and a flat counter: a stalled server, or the last report of one just gone idle.
-    host.sleep(max(0.0, first_at + REPORT_DUE_S - host.monotonic()))
-    third, why = _read(host, instance)
-    if third is None:
-        return {"stall_check": f"not checked: {why}"}
-    if third["running"] + third["waiting"] <= 0 or third["tokens"] != first["tokens"]:
-        return {}
+    # Read again after the interval, then once the idle scheduler's report is due: requests held
+    # and the counter where it was at both (one that went down was restarted: a new process).
+    last = first
+    for step in range(2):
+        host.sleep(interval if step == 0 else max(0.0, first_at + REPORT_DUE_S - host.monotonic()))
+        read, why = _read(host, instance)
+        if read is None:
+            return {"stall_check": f"not checked: {why}"}
+        if read["running"] + read["waiting"] <= 0 or read["tokens"] != first["tokens"]:
+            return {}
+        last = read
     waited = round(host.monotonic() - first_at)
     return {
-        "stalled": f"stalled: {third['running']:.0f} running and {third['waiting']:.0f} waiting requests "
-        f"and no token processed in {waited:g}s ({TOKENS} stayed at {third['tokens']:.0f})"
+        "stalled": f"stalled: {last['running']:.0f} running and {last['waiting']:.0f} waiting requests "
+        f"and no token processed in {waited:g}s ({TOKENS} stayed at {last['tokens']:.0f})"
     }

@@ -291,8 +291,9 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds between the two reads of /metrics that tell whether a running instance that answers /health and "
         "/server_info still produces: one that holds requests and processes no token between them "
         "(sglang:realtime_tokens_total flat) is stalled, relaunched when its settings differ, else named unhealthy "
-        "(see relaunch_wedged), once a third read, 32 s after the first (when an idle scheduler has reported its "
-        "requests again), finds the same. The second read is made only when the first finds requests; an "
+        f"(see relaunch_wedged), once a third read, {STALL_REPORT_DUE_S:g} s after the first (when an idle "
+        "scheduler has reported its requests again), finds the same. The second read is made only when the first "
+        "finds requests; an "
         "instance without /metrics (no enable_metrics) is not checked. 0 - no check.",
         default=5.0,
     ),

@@ -147,7 +147,8 @@ class Connection(PodmanConnection):
         return self._mount_point or None
 
     def _entry(self) -> dict | None:
-        """The running container's PID 1 and environment ({"pid", "start", "env"}), or None."""
+        """The running privileged container's PID 1, its start time, cgroups and environment
+        ({"pid", "start", "cgroup_procs", "env"}), or None."""
         name = self._container_id
         path = os.path.join(STATE_DIR, name.replace("/", "_"))
         try:
@@ -166,9 +167,9 @@ class Connection(PodmanConnection):
             pid, env = int(pid_s), json.loads(env_s) or []
         except ValueError:
             return None
-        start = _start_time(pid) if pid > 0 else None
-        procs = _cgroup_procs(pid)
-        if privileged != "true" or start is None or procs is None:
+        start = _start_time(pid) if privileged == "true" and pid > 0 else None
+        procs = _cgroup_procs(pid) if start is not None else None
+        if procs is None:
             return None
         # As `podman exec` sets it for root: the image's environment less podman's own marker.
         env = [e for e in env if not e.startswith(("container_uuid=", "HOME="))] + ["HOME=/root"]
