@@ -300,6 +300,46 @@ def extract_scheduler_start(release: Release, spec: Mapping[str, str]) -> dict[s
     }
 
 
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Name):
+            return node.func.id
+        if isinstance(node.func, ast.Attribute):
+            return node.func.attr
+    return None
+
+
+def extract_scheduler_port(release: Release, spec: Mapping[str, str]) -> dict[str, Any]:
+    """How the release picks each scheduler's ``nccl_port`` when the setting is unset: the function
+    it calls (where), and that function's ``low``/``high`` defaults (where it is defined); a range of
+    null is the kernel's ephemeral range (a bind to port 0)."""
+    tree = release.tree(spec["file"]) if release.text(spec["file"]) is not None else None
+    picks = [
+        (node.lineno, _call_name(node.value))
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == spec["target"] for t in node.targets)
+        and _call_name(node.value)
+    ]
+    line, name = picks[0] if picks else (0, None)
+    if name is None:
+        return {"picked_by": None, "source": None, "defined_at": None, "range": None}
+    defined_at, bounds = None, None
+    for file in release.files(re.compile("^" + re.escape(spec["defined_in"]) + r"(/.*)?\.py$")):
+        tree = release.tree(file)
+        func = _function(tree, name) if tree is not None else None
+        if func is None:
+            continue
+        defined_at = _where(file, func.lineno)
+        args = func.args.args
+        with_default = args[len(args) - len(func.args.defaults) :]
+        named = dict(zip((a.arg for a in with_default), func.args.defaults, strict=True))
+        low, high = _literal(named.get("low")), _literal(named.get("high"))
+        bounds = [low, high] if isinstance(low, int) and isinstance(high, int) else None
+        break
+    return {"picked_by": name, "source": _where(spec["file"], line), "defined_at": defined_at, "range": bounds}
+
+
 def _draft_guard(release: Release, name: str, line: int, guard: str) -> str | None:
     """The condition around ``line`` that keeps the draft's runner from reaching it: an ``if`` on
     ``guard`` whose branch holding the line is the target's (``if not self.is_draft_worker:`` body,
@@ -353,6 +393,7 @@ def extract(version: str, path: Path, spec: Mapping[str, Any]) -> dict[str, Any]
         "memory_usage": extract_memory_usage(release, spec["memory_usage_key"]),
         "constraints": extract_constraints(release, spec["constraints"]),
         "scheduler_start": extract_scheduler_start(release, spec["scheduler_start"]),
+        "scheduler_port": extract_scheduler_port(release, spec["scheduler_port"]),
         "draft_log_lines": extract_draft_log_lines(release, spec["draft_runner"], log_lines),
     }
 
@@ -385,6 +426,7 @@ def build_table(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "draft_log_lines": sorted(fact["draft_log_lines"]["lines"]),
             "memory_usage_keys": sorted({k for d in fact["memory_usage"]["dicts"] for k in d["keys"]}),
             "constraints": constraints,
+            "scheduler_port": {k: fact["scheduler_port"][k] for k in ("range", "source", "defined_at")},
             "read_from": fact["read_from"],
         }
     return {

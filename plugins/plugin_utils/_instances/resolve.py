@@ -46,7 +46,10 @@ from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._instances.render
     render_cli_args,
     unchecked_cli_words,
 )
-from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import startup_refusals
+from ansible_collections.sglang_ops.fleet.plugins.plugin_utils._releases.facts import (
+    scheduler_port_warning,
+    startup_refusals,
+)
 
 # The host variables resolve_host reads; callers pass just these (templating others is wasted work).
 HOST_VARIABLES: tuple[str, ...] = (
@@ -248,6 +251,9 @@ def _launch_args(
     problems.extend(checked.problems)
     if not checked.problems:
         problems.extend(startup_refusals(flag_version, checked.args, label))
+        port_warning = scheduler_port_warning(flag_version, layout.port, checked.args, label)
+        if port_warning:
+            checked.warnings.append(port_warning)
     tp, problem = parallel_problem(layout, checked, label)
     if problem:
         problems.append(problem)

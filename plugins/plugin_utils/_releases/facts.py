@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 FACTS_PATH = Path(__file__).with_name("sglang_facts.json")
+# Linux's default net.ipv4.ip_local_port_range: where a bind to port 0 takes a port from, and what
+# a range "below the ephemeral range" stays under.
+EPHEMERAL_PORTS = (32768, 60999)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class ReleaseFacts:
     draft_log_lines: tuple[str, ...]
     memory_usage_keys: tuple[str, ...]
     constraints: tuple[Constraint, ...]
+    # Where each scheduler's NCCL port is picked when nccl_port is unset: a range of the release's
+    # own (capped below the ephemeral range), or None for the kernel's ephemeral range; and where.
+    scheduler_port_range: tuple[int, int] | None = None
+    scheduler_port_source: str = ""
 
     @property
     def token_usage_is_kv(self) -> bool:
@@ -85,6 +92,7 @@ def release_facts(release: str, path: Path = FACTS_PATH) -> ReleaseFacts | None:
     record = _table(str(path)).get(release)
     if record is None:
         return None
+    port = record["scheduler_port"]
     constraints = tuple(
         Constraint(
             id=c["id"],
@@ -107,6 +115,8 @@ def release_facts(release: str, path: Path = FACTS_PATH) -> ReleaseFacts | None:
         draft_log_lines=tuple(record["draft_log_lines"]),
         memory_usage_keys=tuple(record["memory_usage_keys"]),
         constraints=constraints,
+        scheduler_port_range=(int(port["range"][0]), int(port["range"][1])) if port["range"] else None,
+        scheduler_port_source=port["source"],
     )
 
 
@@ -133,6 +143,29 @@ def startup_refusals(release: str, settings: Mapping[str, Any], where: str = "")
                 f"{constraint.error}: {constraint.message} ({constraint.source}); {constraint.fix}"
             )
     return problems
+
+
+def scheduler_port_warning(release: str, port: int, settings: Mapping[str, Any], where: str = "") -> str | None:
+    """A warning when ``port`` lies where ``release`` picks its schedulers' NCCL ports at random
+    (``nccl_port`` unset): another instance's scheduler can take the port while this instance is
+    stopped, and its next start then fails. None when it does not, or the release was not read."""
+    facts = release_facts(_nearest(release))
+    if facts is None or settings.get("nccl_port") is not None:
+        return None
+    if facts.scheduler_port_range is None:
+        (low, high), how = EPHEMERAL_PORTS, "from the kernel's ephemeral range"
+    else:
+        low, high = facts.scheduler_port_range[0], min(facts.scheduler_port_range[1], EPHEMERAL_PORTS[0] - 1)
+        how = "at random"
+    if not low <= port <= high:
+        return None
+    return (
+        (f"{where}: " if where else "")
+        + f"port {port} lies in {low}-{high}, where SGLang {release} picks each scheduler's NCCL port {how} "
+        f"({facts.scheduler_port_source}, nccl_port unset): another instance's scheduler on this host can take "
+        f"it while this instance is stopped, and this instance then fails to start; choose a port outside "
+        f"{low}-{high} (sglang_server_base_port, or the instance's port) or set nccl_port"
+    )
 
 
 def required_switches(release: str, settings: Mapping[str, Any]) -> dict[str, bool]:

@@ -226,3 +226,67 @@ def test_a_rule_edited_in_the_spec_without_regenerating_is_stale() -> None:
     edited["constraints"][0]["rule"] = {"when": {"page_size": [64]}, "require": {"page_size": [1]}}
     stale = gen.stale_rules(facts, edited)
     assert stale and all(spec["constraints"][0]["id"] in line for line in stale)
+
+
+# --------------------------------------------------------------------------------------------------
+# Where each release picks its schedulers' NCCL ports, and the warning for an instance port there.
+
+
+def test_the_generator_reads_how_the_nccl_port_is_picked(tmp_path: Path) -> None:
+    gen = _generator()
+    spec = gen.load_spec()["scheduler_port"]
+    src = tmp_path / "sglang" / "srt"
+    (src / "utils").mkdir(parents=True)
+    (src / "server_args.py").write_text(
+        "class PortArgs:\n"
+        "    def init_new(server_args):\n"
+        "        if server_args.nccl_port is None:\n"
+        "            nccl_port = get_free_port_below_ephemeral()\n"
+    )
+    (src / "utils" / "network.py").write_text(
+        "def get_free_port():\n    pass\n\n"
+        "def get_free_port_below_ephemeral(low=22000, high=29999, attempts=64):\n    pass\n"
+    )
+    assert gen.extract_scheduler_port(gen.Release(tmp_path), spec) == {
+        "picked_by": "get_free_port_below_ephemeral",
+        "source": "sglang/srt/server_args.py:4",
+        "defined_at": "sglang/srt/utils/network.py:4",
+        "range": [22000, 29999],
+    }
+    (src / "server_args.py").write_text("nccl_port = get_free_port()\n")
+    assert gen.extract_scheduler_port(gen.Release(tmp_path), spec)["range"] is None
+
+
+def _port_warnings(version: str, port: int, args: dict[str, Any] | None = None) -> list[str]:
+    hostvars = {**_hostvars(version, args or {}), "sglang_server_base_port": port}
+    [instance] = resolve_host("h", hostvars)
+    return [w for w in instance.warnings if "NCCL port" in w]
+
+
+@pytest.mark.parametrize(
+    ("version", "port", "warned"),
+    [
+        # 0.5.22+: a random free port in 22000-29999 (sglang/srt/utils/network.py).
+        ("0.5.23", 22000, True),
+        ("0.5.23", 29999, True),
+        ("0.5.23", 30000, False),
+        ("0.5.23", 40000, False),
+        ("0.5.22", 25000, True),
+        # Up to 0.5.21: a bind to port 0, from the kernel's ephemeral range.
+        ("0.5.21", 25000, False),
+        ("0.5.21", 32768, True),
+        ("0.5.9", 40000, True),
+        ("0.5.9", 30000, False),
+    ],
+)
+def test_a_port_where_schedulers_pick_their_nccl_port_is_warned(version: str, port: int, warned: bool) -> None:
+    found = _port_warnings(version, port)
+    assert bool(found) is warned
+    if warned:
+        [warning] = found
+        assert warning.startswith(f"host h, instance gpu0: port {port} lies in ")
+        assert "sglang/srt/server_args.py:" in warning and "set nccl_port" in warning
+
+
+def test_no_port_warning_when_nccl_port_is_set() -> None:
+    assert _port_warnings("0.5.23", 25000, {"nccl_port": 31000}) == []
