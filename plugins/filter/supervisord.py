@@ -9,7 +9,11 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.supervisord import layout, program_name
+from ansible_collections.sglang_ops.fleet.plugins.module_utils.agent.supervisord import (
+    directories,
+    layout,
+    program_name,
+)
 
 
 def supervisord_command(argv: list[Any]) -> str:
@@ -39,11 +43,18 @@ def supervisord_paths(root: str) -> dict[str, str]:
     return layout(str(root))
 
 
+def supervisord_directories(root: str, services: list[Any]) -> list[dict[str, str]]:
+    """The directories under the supervision root, with their modes and owner, and each service's
+    working directory (the host agent's layout)."""
+    return directories(str(root), [str(s) for s in services])
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "supervisord_command": supervisord_command,
             "supervisord_environment": supervisord_environment,
+            "supervisord_directories": supervisord_directories,
             "supervisord_paths": supervisord_paths,
             "supervisord_program": program_name,
         }

@@ -60,16 +60,22 @@ def _did(result: dict[str, Any], action: str) -> None:
 
 
 def _converge_directories(req: dict[str, Any], check: bool, result: dict[str, Any]) -> None:
+    """Each directory exists with its mode and owner (an existing one with another mode or owner
+    is set to them, as the builtin file module does)."""
     for spec in req.get("directories", []):
         path = spec["path"]
         mode = int(spec.get("mode", "0755"), 8)
+        ids = owner_ids(spec.get("owner", "root"), spec.get("group", "root"))
         if os.path.isdir(path):
-            continue
-        _did(result, f"create directory {path}")
+            st = os.stat(path)
+            if (st.st_mode & 0o7777, (st.st_uid, st.st_gid)) == (mode, ids):
+                continue
+            _did(result, f"set directory {path} to mode {mode:04o}, owner {spec.get('owner', 'root')}")
+        else:
+            _did(result, f"create directory {path}")
         if not check:
             os.makedirs(path, mode=mode, exist_ok=True)
-            uid, gid = owner_ids(spec.get("owner", "root"), spec.get("group", "root"))
-            os.chown(path, uid, gid)
+            os.chown(path, *ids)
             os.chmod(path, mode)
 
 

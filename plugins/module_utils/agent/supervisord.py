@@ -81,6 +81,24 @@ def layout(root: str) -> dict[str, str]:
     }
 
 
+def directories(root: str, services: list[str]) -> list[dict[str, str]]:
+    """The directories the server role creates under the supervision root, with their modes (root
+    owns them): the logs readable by root's group only, the start ledgers by root only, and each
+    service's working directory."""
+    paths = layout(root)
+    fixed = [
+        (paths["root"], "0755"),
+        (paths["programs"], "0755"),
+        (paths["logs"], "0750"),
+        (paths["services"], "0755"),
+        (paths["starts"], "0700"),
+        (os.path.join(root, "wheels"), "0755"),
+        (paths["bin"], "0755"),
+    ]
+    services_dirs = [(os.path.join(paths["services"], program_name(s)), "0755") for s in services]
+    return [{"path": path, "mode": mode, "owner": "root", "group": "root"} for path, mode in fixed + services_dirs]
+
+
 def is_start(line: str) -> bool:
     """A line of a start ledger that counts a start (not a refused one)."""
     try:
@@ -233,7 +251,7 @@ class Supervisord(Supervision):
 
     def service_dir(self, service: str) -> str:
         """The service's working directory: the key of its processes (see the module docstring)."""
-        return os.path.join(self.paths["services"], program_name(service))
+        return directories(self.paths["root"], [service])[-1]["path"]
 
     def group_of(self, pid: int) -> str:
         try:

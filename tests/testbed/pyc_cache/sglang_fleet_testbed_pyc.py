@@ -7,8 +7,9 @@ ansible.module_utils.basic and what it imports, the largest share of a module's 
 2-core test machines. With this cache it loads the code compiled by an earlier run. Nothing else
 changes: each code object is ``compile()`` of the same source, its file names set to this run's
 path in the archive. tools/testhost/build-image.sh installs it into the test-host image's
-system Python (a .pth file imports it), which runs the modules; nothing of the collection
-installs or needs it.
+system Python (a .pth file imports it), which runs the modules, and `make venv` into the
+controller's virtualenv, which runs the tests' localhost tasks (20 local module runs: 16.7 ->
+11.8 CPU-seconds); nothing of the collection installs or needs it.
 """
 
 from __future__ import annotations

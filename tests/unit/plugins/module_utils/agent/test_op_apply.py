@@ -144,3 +144,20 @@ def test_check_mode_after_a_unit_change_reports_every_unit_as_one_to_start(tmp_p
     applied = ops.run(changed, host)
     assert applied["actions"] == ["systemctl daemon-reload"]
     assert host.mutations() == [["daemon-reload"]]
+
+
+def test_an_existing_directory_is_given_its_mode(tmp_path: Path) -> None:
+    """As the builtin file module does: a directory that exists with another mode (a pod's umask
+    077, a hand-made one) is set to the role's, check mode says so first, and then nothing."""
+    host = SystemdHost(tmp_path)
+    (tmp_path / "home").mkdir(mode=0o755)
+    (tmp_path / "home").chmod(0o755)
+    only_dirs = {"files": [], "units": []}
+    check = ops.run(request(tmp_path, check_mode=True, **only_dirs), host)
+    assert check["actions"] == [f"set directory {tmp_path / 'home'} to mode 0750, owner root"]
+    assert oct((tmp_path / "home").stat().st_mode & 0o777) == "0o755"
+    applied = ops.run(request(tmp_path, **only_dirs), host)
+    assert applied["changed"] is True and applied["actions"] == check["actions"]
+    assert oct((tmp_path / "home").stat().st_mode & 0o777) == "0o750"
+    again = ops.run(request(tmp_path, **only_dirs), host)
+    assert again["changed"] is False and again["actions"] == []
