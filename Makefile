@@ -33,18 +33,18 @@ setup: apt venv collections image
 apt:
 	@tools/setup/apt-packages.sh
 
-PYC_CACHE := tests/testbed/pyc_cache/sglang_fleet_testbed_pyc.py
+# The test controller's caches: the compiled code of the modules its localhost tasks run, and the
+# imports Ansible finds in each module_utils source (each file's docstring says why).
+CONTROLLER_CACHES := tests/testbed/pyc_cache/sglang_fleet_testbed_pyc.py tests/testbed/ansiballz_cache/sglang_fleet_testbed_imports.py
 
-$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt client/pyproject.toml tests/doubles/gpusim/pyproject.toml ops/pyproject.toml $(PYC_CACHE)
+$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt client/pyproject.toml tests/doubles/gpusim/pyproject.toml ops/pyproject.toml $(CONTROLLER_CACHES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -c requirements/constraints.txt
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -e client -e tests/doubles/gpusim -e ops
-	@# The modules the tests run on the controller (localhost tasks) keep their compiled code as the
-	@# test hosts' do (the cache's docstring says why).
 	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-	  && install -m 0644 $(PYC_CACHE) "$$site/" \
-	  && echo 'import sglang_fleet_testbed_pyc' > "$$site/sglang_fleet_testbed_pyc.pth"
+	  && for f in $(CONTROLLER_CACHES); do \
+	       m=$$(basename "$$f" .py); install -m 0644 "$$f" "$$site/" && echo "import $$m" > "$$site/$$m.pth"; done
 	@touch $@
 	@echo "virtualenv ready: $(VENV)"
 

@@ -14,27 +14,36 @@ controller's virtualenv, which runs the tests' localhost tasks (20 local module 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import marshal
+# Only what every Python start already has (the .pth imports this module in every process); the
+# rest is imported at the first module imported from an archive.
 import os
-import types
 import zipimport
 
+TYPE_CHECKING = False  # typing's, without importing typing at every start
+if TYPE_CHECKING:
+    import types
+
 CACHE = "/var/cache/sglang-fleet-testbed/pyc"
-_TAG = importlib.util.MAGIC_NUMBER.hex()
 _compile_source = zipimport._compile_source  # type: ignore[attr-defined]
 
 
 def _refile(code: types.CodeType, name: str) -> types.CodeType:
     """``code`` and the code objects it holds, their file name ``name``."""
+    import types  # noqa: PLC0415
+
     consts = tuple(_refile(c, name) if isinstance(c, types.CodeType) else c for c in code.co_consts)
     return code.replace(co_filename=name, co_consts=consts)
 
 
 def cached_compile(pathname: str, source: bytes) -> types.CodeType:
     """zipimport's ``_compile_source``, through the cache."""
-    path = os.path.join(CACHE, f"{_TAG}-{hashlib.sha256(source).hexdigest()}")
+    import hashlib  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
+    import marshal  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    tag = importlib.util.MAGIC_NUMBER.hex()
+    path = os.path.join(CACHE, f"{tag}-{hashlib.sha256(source).hexdigest()}")
     try:
         with open(path, "rb") as f:
             code = marshal.load(f)  # noqa: S302 (root's own cache, in a directory only root writes)
