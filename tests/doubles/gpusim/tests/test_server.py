@@ -197,8 +197,10 @@ def test_server_info_dense_and_v9_shape(sim):
 
 
 def test_metrics_off_and_on(sim):
-    off = sim.start()
-    on = sim.start("--enable-metrics", "--served-model-name", "my-model")
+    # Each on a GPU of its own: on one GPU, whichever loads second finds the first's memory taken
+    # (it depended on the two starts' timing whether they both saw the GPU free).
+    off = sim.start("--base-gpu-id", "0")
+    on = sim.start("--enable-metrics", "--served-model-name", "my-model", "--base-gpu-id", "1")
     off.wait_healthy()
     on.wait_healthy()
     assert off.get("/metrics")[0] == 404
