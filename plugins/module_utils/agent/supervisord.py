@@ -69,6 +69,8 @@ def layout(root: str) -> dict[str, str]:
         # The start command every program runs (sglang-fleet-supervised-start), beside the host agent.
         "bin": os.path.join(root, "bin"),
         "start_command": os.path.join(root, "bin", "sglang-fleet-supervised-start"),
+        # supervisor's wheel, copied from the controller (the pod needs no package index).
+        "wheels": os.path.join(root, "wheels"),
         "config": os.path.join(root, "supervisord.conf"),
         "programs": os.path.join(root, "programs"),
         "logs": os.path.join(root, "logs"),
@@ -79,6 +81,11 @@ def layout(root: str) -> dict[str, str]:
         # Not a path: the exit status of a start the ledger refuses (the program file declares it).
         "start_limit_exit": str(START_LIMIT_EXIT),
     }
+
+
+def service_directory(services_dir: str, service: str) -> str:
+    """A service's working directory under the services' directory: the key of its processes."""
+    return os.path.join(services_dir, program_name(service))
 
 
 def directories(root: str, services: list[str]) -> list[dict[str, str]]:
@@ -92,10 +99,10 @@ def directories(root: str, services: list[str]) -> list[dict[str, str]]:
         (paths["logs"], "0750"),
         (paths["services"], "0755"),
         (paths["starts"], "0700"),
-        (os.path.join(root, "wheels"), "0755"),
+        (paths["wheels"], "0755"),
         (paths["bin"], "0755"),
     ]
-    services_dirs = [(os.path.join(paths["services"], program_name(s)), "0755") for s in services]
+    services_dirs = [(service_directory(paths["services"], s), "0755") for s in services]
     return [{"path": path, "mode": mode, "owner": "root", "group": "root"} for path, mode in fixed + services_dirs]
 
 
@@ -251,7 +258,7 @@ class Supervisord(Supervision):
 
     def service_dir(self, service: str) -> str:
         """The service's working directory: the key of its processes (see the module docstring)."""
-        return directories(self.paths["root"], [service])[-1]["path"]
+        return service_directory(self.paths["services"], service)
 
     def group_of(self, pid: int) -> str:
         try:
